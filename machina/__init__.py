@@ -1,0 +1,1 @@
+"""machina: a Hydra-configured RL experiment framework for fast multi-agent training."""

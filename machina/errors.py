@@ -1,0 +1,9 @@
+"""Errors that machina reports to the user as a message, not a traceback."""
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the setting to change."""
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped cleanly (a NaN loss, an interrupt); the last good checkpoint is kept."""

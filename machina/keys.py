@@ -1,0 +1,48 @@
+"""TensorDict keys, defined once.
+
+Shapes below use N for a flat batch of agents, B x T for a batch of BPTT segments, M for tokens per agent and A
+for the number of actions. Every module reads and writes TensorDicts through these names only.
+"""
+
+# Written by the env on reset / step (batch [N]).
+OBS = "env_obs"  # uint8 [N, M, 3]: (packed location dy<<4|dx, feature id, value); padding tokens 0xFF
+REWARDS = "rewards"  # float32 [N]: reward received for the previous action
+TERMINATED = "terminated"  # bool [N]
+TRUNCATED = "truncated"  # bool [N]
+TEACHER_ACTIONS = "teacher_actions"  # int64 [N]: the scripted teacher's action for this observation
+
+# Written by the trainer into each rollout step.
+DONES = "dones"  # float32 [N]: 1 where this observation starts a new episode (previous step ended one)
+
+# Policy inputs / outputs.
+ACTIONS = "actions"  # int64 [N]: sampled at rollout, evaluated in training
+ACT_LOG_PROB = "act_log_prob"  # float32 [N]
+ENTROPY = "entropy"  # float32 [N]
+FULL_LOG_PROBS = "full_log_probs"  # float32 [N, A]: only when emit_full_log_probs
+LOGITS = "logits"  # float32 [N, A]
+VALUES = "values"  # float32 [N]
+ENCODED = "encoded"  # float32 [N, H]: encoder output
+CORE = "core"  # float32 [N, H]: recurrent core output
+HIDDEN = "lstm_h"  # float32 [N, H]: recurrent state (h) at the start of the step / segment
+CELL = "lstm_c"  # float32 [N, H]: recurrent state (c)
+NEXT_HIDDEN = "next_lstm_h"  # float32 [N, H]: recurrent state after the step / segment
+NEXT_CELL = "next_lstm_c"  # float32 [N, H]
+
+# Training-time keys.
+ADVANTAGES = "advantages"  # float32 [B, T]
+RETURNS = "returns"  # float32 [B, T]: advantages + old values
+PRIO_WEIGHTS = "prio_weights"  # float32 [B, T]: importance weights of prioritized sampling (ones otherwise)
+
+# Keys of teacher losses.
+TEACHER_FULL_LOG_PROBS = "teacher_full_log_probs"  # float32 [N, A]
+TEACHER_VALUES = "teacher_values"  # float32 [N]
+STUDENT_MASK = "student_mask"  # bool [N]
+TEACHER_MASK = "teacher_mask"  # bool [N]
+PPO_MASK = "ppo_mask"  # bool [N]
+
+# Written by rollout hooks of losses.
+ENV_ACTIONS = "env_actions"  # int64 [N]: what the env executes when a loss overrides the policy (teacher-led)
+RATIO = "ratio"  # float32 [B, T]: pi_new / pi_old of the last training pass, written back for V-trace
+
+# Where the policy writes the state that follows each state key.
+NEXT_STATE = {HIDDEN: NEXT_HIDDEN, CELL: NEXT_CELL}

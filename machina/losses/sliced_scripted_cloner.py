@@ -1,0 +1,87 @@
+"""Sliced scripted cloner: agents split into student-led, teacher-led and PPO slices for each rollout."""
+
+import torch
+from tensordict import TensorDict
+
+from machina import keys
+from machina.env.spec import EnvSpec
+from machina.losses.base import Loss, Progress, Spec
+from machina.losses.functional import agreement, masked_mean, teacher_nll
+from machina.losses.schedule import Linear, as_schedule
+
+
+class SlicedScriptedClonerLoss(Loss):
+    """Cloning loss on the student-led and teacher-led slices; PPO sees only the PPO slice.
+
+    Before each rollout every agent draws a slice: student-led with probability ``student_led_proportion``,
+    teacher-led with ``teacher_led_proportion``, PPO otherwise. Teacher-led agents execute and store the teacher's
+    action, with its log-probability under the policy (so it needs ``FULL_LOG_PROBS`` at rollout). The masks are
+    stored per step (``STUDENT_MASK``, ``TEACHER_MASK``, ``PPO_MASK`` bool [N]); PPO reads ``PPO_MASK`` from the
+    minibatch and averages over that slice only.
+
+    Loss: ``loss_cloning = coef * mean over student+teacher rows of -log pi(teacher_action)``.
+    """
+
+    consumes = frozenset({keys.FULL_LOG_PROBS})
+    env_keys = frozenset({keys.TEACHER_ACTIONS})
+
+    def __init__(
+        self,
+        action_loss_coef: float | Linear = 1.0,
+        student_led_proportion: float | Linear = 0.2,
+        teacher_led_proportion: float | Linear = 0.2,
+    ):
+        super().__init__()
+        self.coef = as_schedule(action_loss_coef)
+        self.student_led = as_schedule(student_led_proportion)
+        self.teacher_led = as_schedule(teacher_led_proportion)
+        self.masks: TensorDict | None = None
+        self._proportions = (0.0, 0.0)
+
+    def experience_spec(self, env_spec: EnvSpec) -> Spec:
+        flag = ((), torch.bool)
+        return {
+            keys.TEACHER_ACTIONS: ((), torch.int64),
+            keys.STUDENT_MASK: flag,
+            keys.TEACHER_MASK: flag,
+            keys.PPO_MASK: flag,
+        }
+
+    def on_rollout_start(self, progress: Progress) -> None:
+        self._proportions = (self.student_led(progress.agent_step), self.teacher_led(progress.agent_step))
+        self.masks = None  # drawn at the first step, where the agent count and device are known
+
+    def on_rollout_step(self, step: TensorDict, progress: Progress) -> None:
+        if self.masks is None:
+            student, teacher = self._proportions
+            draw = torch.rand(step.batch_size, device=step.device)
+            self.masks = TensorDict(
+                {
+                    keys.STUDENT_MASK: draw < student,
+                    keys.TEACHER_MASK: (draw >= student) & (draw < student + teacher),
+                    keys.PPO_MASK: draw >= student + teacher,
+                },
+                batch_size=step.batch_size,
+            )
+        led = self.masks[keys.TEACHER_MASK]
+        teacher_actions = step[keys.TEACHER_ACTIONS]
+        teacher_log_prob = step[keys.FULL_LOG_PROBS].gather(-1, teacher_actions.unsqueeze(-1)).squeeze(-1)
+        step[keys.ACTIONS] = torch.where(led, teacher_actions, step[keys.ACTIONS])
+        step[keys.ACT_LOG_PROB] = torch.where(led, teacher_log_prob, step[keys.ACT_LOG_PROB])
+        step[keys.ENV_ACTIONS] = step[keys.ACTIONS]
+        step.update(self.masks)
+
+    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
+        log_probs = policy_out[keys.FULL_LOG_PROBS]
+        teacher = minibatch[keys.TEACHER_ACTIONS]
+        cloned = minibatch[keys.STUDENT_MASK] | minibatch[keys.TEACHER_MASK]
+        nll = masked_mean(teacher_nll(log_probs, teacher), cloned)
+        coef = self.coef(progress.agent_step)
+        return {
+            "loss_cloning": coef * nll,
+            "cloning_loss": nll.detach(),
+            "teacher_agreement": agreement(log_probs.detach(), teacher).mean(),
+            "student_led_proportion": torch.tensor(self.student_led(progress.agent_step)),
+            "teacher_led_proportion": torch.tensor(self.teacher_led(progress.agent_step)),
+            "ppo_fraction": minibatch[keys.PPO_MASK].float().mean(),
+        }

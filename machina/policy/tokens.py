@@ -1,0 +1,31 @@
+"""Decoding token observations: lookup tables indexed by the raw token bytes.
+
+A token is (packed location ``dy << 4 | dx``, feature id, value), all uint8; padding tokens are ``PAD_TOKEN`` in
+every byte. Tables indexed by a byte turn decoding into gathers with fixed shapes: no data-dependent selection.
+"""
+
+import torch
+
+from machina.env.spec import PAD_TOKEN, ObsSpec
+
+BYTE_VALUES = 256
+
+
+def is_real_token(obs: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, M, 3] -> bool [N, M]: True for tokens that are not padding (feature id != PAD_TOKEN)."""
+    return obs[..., 1] != PAD_TOKEN
+
+
+def cell_index_table(window: int) -> torch.Tensor:
+    """int64 [256]: location byte -> ``dy * window + dx``; bytes outside the window (padding) map to cell 0."""
+    byte = torch.arange(BYTE_VALUES)
+    dy, dx = byte >> 4, byte & 0xF
+    inside = (dy < window) & (dx < window)
+    return torch.where(inside, dy * window + dx, 0)
+
+
+def inverse_norm_table(spec: ObsSpec) -> torch.Tensor:
+    """float32 [256]: feature id -> 1 / feature_norm; unknown ids and padding map to 0, so they weigh nothing."""
+    table = torch.zeros(BYTE_VALUES)
+    table[: spec.num_features] = 1.0 / torch.tensor(spec.feature_norms, dtype=torch.float32)
+    return table

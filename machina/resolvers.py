@@ -1,0 +1,24 @@
+"""OmegaConf resolvers, registered once before composition (``register()`` is idempotent).
+
+``${consumes:KEY,${losses}}`` is true when an enabled loss's class lists KEY in its ``consumes`` attribute. The loss
+class is the single source of truth for what it reads, so no list of loss names exists anywhere.
+"""
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+
+def enabled_loss_classes(losses: DictConfig | None) -> dict[str, type]:
+    """Map each enabled loss name to its class (``_target_``), in config order."""
+    if losses is None:
+        return {}
+    return {name: get_class(node["_target_"]) for name, node in losses.items() if node.get("enabled", True)}
+
+
+def consumes(key: str, losses: DictConfig | None) -> bool:
+    return any(key in cls.consumes for cls in enabled_loss_classes(losses).values())
+
+
+def register() -> None:
+    # use_cache=False: the result depends on the losses node, not on the argument string (see hydra-wandb notes).
+    OmegaConf.register_new_resolver("consumes", consumes, replace=True, use_cache=False)

@@ -1,0 +1,268 @@
+"""The policy contract the trainer relies on, checked for ``policy=fast`` and ``policy=vit``."""
+
+import contextlib
+from pathlib import Path
+
+import hydra
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+
+from machina.env.spec import PAD_TOKEN, ObsSpec
+from machina.keys import (
+    ACT_LOG_PROB,
+    ACTIONS,
+    CELL,
+    DONES,
+    ENTROPY,
+    FULL_LOG_PROBS,
+    HIDDEN,
+    LOGITS,
+    NEXT_CELL,
+    NEXT_HIDDEN,
+    OBS,
+    VALUES,
+)
+from machina.policy.action_probs import ActionProbs
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "policy"
+POLICIES = ("fast", "vit")
+SPEC = ObsSpec(
+    max_tokens=16,
+    window=11,
+    feature_names=("wall", "agent", "hp", "ore", "heart", "cooldown"),
+    feature_norms=(1.0, 1.0, 100.0, 10.0, 5.0, 255.0),
+)
+NUM_ACTIONS = 7
+
+
+def make_policy(name: str, emit: bool = True) -> torch.nn.Module:
+    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg.action_probs.emit_full_log_probs = emit  # the real config derives it with the trainer's resolver
+    torch.manual_seed(0)
+    return hydra.utils.instantiate(cfg, obs_spec=SPEC, num_actions=NUM_ACTIONS)
+
+
+def random_obs(batch: int, steps: int, tokens: int = SPEC.max_tokens) -> torch.Tensor:
+    """uint8 [batch, steps, tokens, 3]: a random number of real tokens per observation (none in one), then padding."""
+    dy, dx = torch.randint(0, SPEC.window, (2, batch, steps, tokens))
+    feature = torch.randint(0, SPEC.num_features, (batch, steps, tokens))
+    value = torch.randint(0, 256, (batch, steps, tokens))
+    obs = torch.stack((dy << 4 | dx, feature, value), -1).to(torch.uint8)
+    count = torch.randint(0, tokens + 1, (batch, steps, 1))
+    count[0, 0] = 0
+    obs[torch.arange(tokens) >= count] = PAD_TOKEN
+    return obs
+
+
+def sequence_td(policy, obs, dones, state=None, actions=None) -> TensorDict:
+    batch = obs.shape[0]
+    td = TensorDict({OBS: obs, DONES: dones}, batch_size=[batch])
+    td.update(policy.initial_state(batch, "cpu") if state is None else state)
+    if actions is not None:
+        td[ACTIONS] = actions
+    return td
+
+
+def random_state(policy, batch: int) -> TensorDict:
+    state = policy.initial_state(batch, "cpu")
+    return state.apply(torch.randn_like)
+
+
+@contextlib.contextmanager
+def host_syncs_forbidden():
+    """Make every Tensor -> Python conversion raise while the block runs."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync in the policy forward")
+
+    names = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, refuse)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_yaml_derives_emit_full_log_probs_from_the_losses():
+    for name in POLICIES:
+        raw = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"), resolve=False)
+        assert raw["action_probs"]["emit_full_log_probs"] == "${consumes:full_log_probs,${losses}}"
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_state_and_experience_spec(name):
+    policy = make_policy(name)
+    assert policy.state_keys == (HIDDEN, CELL)
+    state = policy.initial_state(5, "cpu")
+    assert state.batch_size == torch.Size([5])
+    for key in policy.state_keys:
+        assert state[key].shape == (5, policy.hidden_size)
+        assert state[key].dtype == torch.float32
+        assert not state[key].any()
+    spec = policy.experience_spec()
+    assert spec[OBS] == ((SPEC.max_tokens, 3), torch.uint8)
+    assert spec[DONES] == ((), torch.float32)
+    assert spec[ACTIONS] == ((), torch.int64)
+
+
+@pytest.mark.parametrize("emit", [True, False])
+@pytest.mark.parametrize("name", POLICIES)
+def test_rollout_outputs(name, emit):
+    policy = make_policy(name, emit)
+    batch, hidden = 6, policy.hidden_size
+    with torch.no_grad():
+        td = policy(sequence_td(policy, random_obs(batch, 1), torch.zeros(batch, 1)))
+    assert td[ACTIONS].shape == (batch, 1) and td[ACTIONS].dtype == torch.int64
+    assert ((td[ACTIONS] >= 0) & (td[ACTIONS] < NUM_ACTIONS)).all()
+    for key in (ACT_LOG_PROB, VALUES):
+        assert td[key].shape == (batch, 1) and td[key].dtype == torch.float32
+        assert td[key].isfinite().all()
+    for key in (NEXT_HIDDEN, NEXT_CELL):
+        assert td[key].shape == (batch, hidden)
+    assert ENTROPY not in td
+    assert (FULL_LOG_PROBS in td) == emit
+    if emit:
+        assert td[FULL_LOG_PROBS].shape == (batch, 1, NUM_ACTIONS)
+        gathered = td[FULL_LOG_PROBS].gather(-1, td[ACTIONS].unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(gathered, td[ACT_LOG_PROB])
+
+
+@pytest.mark.parametrize("emit", [True, False])
+@pytest.mark.parametrize("name", POLICIES)
+def test_training_outputs(name, emit):
+    policy = make_policy(name, emit)
+    batch, steps = 3, 4
+    actions = torch.randint(0, NUM_ACTIONS, (batch, steps))
+    td = policy(sequence_td(policy, random_obs(batch, steps), torch.zeros(batch, steps), actions=actions))
+    assert torch.equal(td[ACTIONS], actions)
+    for key in (ACT_LOG_PROB, ENTROPY, VALUES):
+        assert td[key].shape == (batch, steps) and td[key].dtype == torch.float32
+    assert (td[ENTROPY] > 0).all() and (td[ACT_LOG_PROB] < 0).all()
+    for key in (NEXT_HIDDEN, NEXT_CELL):
+        assert td[key].shape == (batch, policy.hidden_size)
+    assert (FULL_LOG_PROBS in td) == emit
+    if emit:
+        assert td[FULL_LOG_PROBS].shape == (batch, steps, NUM_ACTIONS)
+        gathered = td[FULL_LOG_PROBS].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(gathered, td[ACT_LOG_PROB])
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_emit_full_log_probs_can_be_switched_at_runtime(name):
+    policy = make_policy(name, emit=False)
+    policy.action_probs.emit_full_log_probs = True
+    with torch.no_grad():
+        td = policy(sequence_td(policy, random_obs(2, 1), torch.zeros(2, 1)))
+    assert td[FULL_LOG_PROBS].shape == (2, 1, NUM_ACTIONS)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_training_sequence_reproduces_step_by_step_rollout(name):
+    """Rollout one step at a time, carrying the state; one [B, T] training forward must give the same numbers."""
+    policy = make_policy(name)
+    batch, steps = 4, 6
+    obs = random_obs(batch, steps)
+    dones = (torch.rand(batch, steps) < 0.3).float()
+    start = random_state(policy, batch)
+    state = start.clone()
+    actions, log_probs, values, full = [], [], [], []
+    with torch.no_grad():
+        for t in range(steps):
+            td = policy(sequence_td(policy, obs[:, t : t + 1], dones[:, t : t + 1], state))
+            state = TensorDict({HIDDEN: td[NEXT_HIDDEN], CELL: td[NEXT_CELL]}, batch_size=[batch])
+            actions.append(td[ACTIONS])
+            log_probs.append(td[ACT_LOG_PROB])
+            values.append(td[VALUES])
+            full.append(td[FULL_LOG_PROBS])
+        trained = policy(sequence_td(policy, obs, dones, start, actions=torch.cat(actions, 1)))
+    torch.testing.assert_close(trained[ACT_LOG_PROB], torch.cat(log_probs, 1))
+    torch.testing.assert_close(trained[VALUES], torch.cat(values, 1))
+    torch.testing.assert_close(trained[FULL_LOG_PROBS], torch.cat(full, 1))
+    torch.testing.assert_close(trained[NEXT_HIDDEN], state[HIDDEN])
+    torch.testing.assert_close(trained[NEXT_CELL], state[CELL])
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_done_resets_the_recurrent_state(name):
+    policy = make_policy(name)
+    batch, steps, reset_at = 3, 5, 2
+    obs = random_obs(batch, steps)
+    actions = torch.randint(0, NUM_ACTIONS, (batch, steps))
+    dones = torch.zeros(batch, steps)
+    dones[:, reset_at] = 1.0
+    with torch.no_grad():
+        whole = policy(sequence_td(policy, obs, dones, random_state(policy, batch), actions))
+        tail = policy(sequence_td(policy, obs[:, reset_at:], dones[:, reset_at:], actions=actions[:, reset_at:]))
+        no_reset = policy(sequence_td(policy, obs, torch.zeros_like(dones), random_state(policy, batch), actions))
+    for key in (ACT_LOG_PROB, VALUES):
+        torch.testing.assert_close(whole[key][:, reset_at:], tail[key])
+        assert not torch.allclose(no_reset[key][:, reset_at:], tail[key])
+    torch.testing.assert_close(whole[NEXT_HIDDEN], tail[NEXT_HIDDEN])
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_padding_tokens_do_not_change_the_output(name):
+    policy = make_policy(name)
+    batch, steps = 4, 3
+    obs = random_obs(batch, steps)
+    actions = torch.randint(0, NUM_ACTIONS, (batch, steps))
+    dones = torch.zeros(batch, steps)
+    # More padding at the end, and the real tokens scattered among the padding slots.
+    padded = torch.cat((obs, torch.full((batch, steps, 9, 3), PAD_TOKEN, dtype=torch.uint8)), 2)
+    shuffled = padded[:, :, torch.randperm(padded.shape[2])]
+    with torch.no_grad():
+        outputs = [policy(sequence_td(policy, o, dones, actions=actions)) for o in (obs, padded, shuffled)]
+    for key in (ACT_LOG_PROB, ENTROPY, VALUES, NEXT_HIDDEN):
+        assert outputs[0][key].isfinite().all()
+        for other in outputs[1:]:
+            torch.testing.assert_close(other[key], outputs[0][key])
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_gradients_reach_every_parameter(name):
+    policy = make_policy(name)
+    batch, steps = 3, 4
+    td = sequence_td(
+        policy,
+        random_obs(batch, steps),
+        torch.zeros(batch, steps),
+        random_state(policy, batch),
+        torch.randint(0, NUM_ACTIONS, (batch, steps)),
+    )
+    td = policy(td)
+    (td[ACT_LOG_PROB].sum() + td[ENTROPY].sum() + td[VALUES].sum()).backward()
+    for param_name, param in policy.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, param_name
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_rollout_forward_makes_no_host_sync(name):
+    policy = make_policy(name)
+    td = sequence_td(policy, random_obs(8, 1), (torch.rand(8, 1) < 0.5).float(), random_state(policy, 8))
+    with torch.no_grad(), host_syncs_forbidden():
+        td = policy(td)
+    assert td[ACTIONS].shape == (8, 1)
+
+
+def test_sampled_actions_follow_the_softmax():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    samples = 40_000
+    step = TensorDict({LOGITS: probs.log().expand(samples, -1)}, batch_size=[samples])
+    torch.manual_seed(0)
+    ActionProbs(emit_full_log_probs=False)(step, TensorDict({}, batch_size=[]))
+    frequencies = torch.bincount(step[ACTIONS], minlength=4).float() / samples
+    torch.testing.assert_close(frequencies, probs, atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_output_keys_follow_the_emit_flag(name):
+    policy = make_policy(name, emit=False)
+    assert {ACTIONS, ACT_LOG_PROB, ENTROPY, VALUES, NEXT_HIDDEN, NEXT_CELL} <= set(policy.output_keys())
+    assert FULL_LOG_PROBS not in policy.output_keys()
+    policy.action_probs.emit_full_log_probs = True
+    assert FULL_LOG_PROBS in policy.output_keys()

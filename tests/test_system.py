@@ -1,0 +1,69 @@
+"""system.* settings really change torch's flags; bad values give errors that name the setting."""
+
+import numpy as np
+import pytest
+import torch
+
+from machina.errors import ConfigError
+from machina.system import System, resolve_device
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_flags():
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_num_threads(),
+    )
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
+    torch.set_num_threads(saved[3])
+
+
+def test_deterministic_true_sets_every_flag():
+    System(seed=3, device="cpu", torch_deterministic=True).apply()
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic is True
+    assert torch.backends.cudnn.benchmark is False
+
+
+def test_deterministic_false_turns_benchmark_on():
+    System(seed=3, device="cpu", torch_deterministic=False).apply()
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic is False
+    assert torch.backends.cudnn.benchmark is True
+
+
+def test_seed_makes_torch_and_numpy_repeat():
+    System(seed=7, device="cpu").apply()
+    a = torch.rand(3), np.random.rand(3)
+    System(seed=7, device="cpu").apply()
+    b = torch.rand(3), np.random.rand(3)
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_rank_offsets_the_seed():
+    assert System(seed=7, device="cpu", rank=2).seed == 9
+
+
+def test_threads_applied():
+    System(device="cpu", threads=1).apply()
+    assert torch.get_num_threads() == 1
+
+
+def test_device_auto_and_errors():
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="system.device='tpu' is not a device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available here; use system.device=cpu"):
+            resolve_device("cuda")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"seed": -1}, "system.seed"), ({"threads": -2}, "system.threads")])
+def test_bad_values(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        System(device="cpu", **kwargs)
