@@ -6,7 +6,6 @@ Library code below receives objects and plain values, never a DictConfig; the co
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -14,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from machina import keys
 from machina.errors import ConfigError
+from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.losses.base import Loss, Spec
 
@@ -107,30 +107,3 @@ def merge_specs(specs: dict[str, Spec]) -> Spec:
             merged.setdefault(key, value)
             owner.setdefault(key, who)
     return merged
-
-
-def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
-    """W&B project/group/name/tags: one group per sweep, a name that says the run's overrides."""
-    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
-    overrides = hydra_cfg.job.override_dirname if hydra_cfg else ""
-    group = cfg.wandb.group
-    if group is None and hydra_cfg is not None and hydra_cfg.mode.name == "MULTIRUN":
-        group = Path(hydra_cfg.sweep.dir).name
-    choices = dict(hydra_cfg.runtime.choices) if hydra_cfg else {}
-    tags = [f"loss:{name}" for name, node in cfg.losses.items() if node.get("enabled", True)]
-    tags += [f"{group_name}:{choices[group_name]}" for group_name in ("env", "policy") if group_name in choices]
-    tags.append(f"deterministic:{str(cfg.system.torch_deterministic).lower()}")
-    tags += list(cfg.wandb.tags)
-    job_num = hydra_cfg.job.num if hydra_cfg and hydra_cfg.mode.name == "MULTIRUN" else None
-    name = overrides or "default"
-    if job_num is not None:
-        name = f"{job_num}:{name}"
-    return {
-        "mode": cfg.wandb.mode,
-        "project": cfg.wandb.project,
-        "entity": cfg.wandb.entity,
-        "group": group,
-        "name": name,
-        "job_type": "+".join(n for n, node in cfg.losses.items() if node.get("enabled", True)) or "none",
-        "tags": tags,
-    }

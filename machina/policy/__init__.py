@@ -1,0 +1,6 @@
+"""Policies: a ``ComponentPolicy`` (component.py) built by Hydra from ``conf/policy/*.yaml``.
+
+Components: ``TokenBagEncoder`` (bag_encoder.py, policy=fast) or ``PerceiverEncoder`` (perceiver.py, policy=vit),
+``LSTMCore`` (lstm_core.py), ``ActorHead`` / ``CriticHead`` (heads.py), then ``ActionProbs`` (action_probs.py).
+``python -m machina.policy.bench`` measures their throughput.
+"""

@@ -1,0 +1,99 @@
+"""Token observations: decode them back to the window and compare with the grid; padding; dropping the farthest."""
+
+import torch
+
+from machina import keys
+from machina.env.grid import AGENT, CENTRE_LOC, F_COOLDOWN, F_INV, F_PROGRESS, F_TYPE, F_VIBE, RADIUS
+from machina.env.machina_1 import Machina1Env
+from machina.env.spec import PAD_TOKEN
+
+NOOP, NORTH, EAST, SOUTH, WEST = range(5)
+
+
+def decode(tokens: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """uint8 [M, 3] -> sorted (dy, dx, feature, value) of the real tokens; asserts padding comes last."""
+    real = tokens[:, 0] != PAD_TOKEN
+    n = int(real.sum())
+    assert real[:n].all() and (tokens[n:] == PAD_TOKEN).all(), "padding must follow all real tokens"
+    return sorted((int(t[0]) >> 4, int(t[0]) & 15, int(t[1]), int(t[2])) for t in tokens[:n])
+
+
+def expected_tokens(env: Machina1Env, agent: int) -> list[tuple[int, int, int, int]]:
+    """What agent ``agent`` should see, computed cell by cell from the state tensors."""
+    s, g = env.state, env.geom
+    e, slot = divmod(agent, env.agents_per_env)
+    grid = s["grid"][e]
+    agents_at = {int(p): k for k, p in enumerate(s["pos"][e])}
+    cooldown_at = {int(p): int(c) for p, c in zip(s["ext_pos"][e], s["cooldown"][e], strict=False) if p != 0}
+    out = [(RADIUS, RADIUS, F_INV + i, int(v)) for i, v in enumerate(s["inv"][e, slot]) if v > 0]
+    progress = min(int(s["t"][e]) * 256 // env.max_steps, 255)
+    out += [(RADIUS, RADIUS, F_PROGRESS, progress)] if progress else []
+    here = int(s["pos"][e, slot])
+    for dy in range(-RADIUS, RADIUS + 1):
+        for dx in range(-RADIUS, RADIUS + 1):
+            cell = here + dy * g.pcols + dx
+            y, x = dy + RADIUS, dx + RADIUS
+            if cell in agents_at:
+                out.append((y, x, F_TYPE, AGENT))
+                vibe = int(s["vibe"][e, agents_at[cell]])
+                out += [(y, x, F_VIBE, vibe)] if vibe else []
+            elif grid[cell] != 0:
+                out.append((y, x, F_TYPE, int(grid[cell])))
+                if cooldown_at.get(cell, 0) > 0:
+                    out.append((y, x, F_COOLDOWN, cooldown_at[cell]))
+    return sorted(out)
+
+
+def test_tokens_decode_back_to_the_grid_for_every_agent():
+    env = Machina1Env(num_envs=6, max_steps=50, extractor_cooldown=20, seed=2)
+    g = torch.Generator().manual_seed(1)
+    td = env.reset()
+    teacher = td[keys.TEACHER_ACTIONS]
+    for i in range(30):  # teacher moves fill inventories and cool extractors down; random vibes
+        vibes = torch.randint(5, env.num_actions, (env.num_agents,), generator=g)
+        td = env.step(torch.where(torch.rand(env.num_agents, generator=g) < 0.2, vibes, teacher))
+        teacher = td[keys.TEACHER_ACTIONS]
+    s = env.state
+    assert (s["inv"] > 0).any() and (s["vibe"] > 0).any() and (s["cooldown"] > 0).any()
+    for agent in range(env.num_agents):
+        assert decode(td[keys.OBS][agent]) == expected_tokens(env, agent), agent
+
+
+def test_own_inventory_at_centre_and_others_vibe_and_cooldown_visible():
+    rows = ["#######", "#0C.1.#", "#.....#", "#2...3#", "#######"]
+    env = Machina1Env.from_ascii(rows, max_steps=100, extractor_cooldown=6, teacher=False)
+    a = torch.zeros(env.num_agents, dtype=torch.int64)
+    a[0], a[1] = EAST, 5 + 3  # agent 0 gathers carbon, agent 1 sets vibe 3
+    obs = env.step(a)[keys.OBS]
+    toks = decode(obs[0])
+    assert (RADIUS, RADIUS, F_INV + 0, 1) in toks  # one carbon, at the centre
+    assert (RADIUS, RADIUS + 1, F_COOLDOWN, 6) in toks  # the extractor east of it cools down
+    assert (RADIUS, RADIUS + 3, F_TYPE, AGENT) in toks and (RADIUS, RADIUS + 3, F_VIBE, 3) in toks
+    assert (RADIUS, RADIUS, F_TYPE, AGENT) in toks  # itself
+    assert int(obs[0, 0, 0]) == CENTRE_LOC  # centre tokens come first
+    assert (RADIUS, RADIUS, F_VIBE, 3) in decode(obs[1])  # agent 1 sees its own vibe too
+
+
+def test_when_tokens_overflow_the_farthest_are_dropped():
+    settings = dict(num_envs=4, max_steps=40, obstacle_density=0.3, seed=4)
+    big, small = Machina1Env(max_tokens=200, **settings), Machina1Env(max_tokens=24, **settings)
+    full, cut = big.reset()[keys.OBS], small.reset()[keys.OBS]
+    assert ((full[:, :, 0] != PAD_TOKEN).sum(1) > 24).all()  # every agent has more than 24 tokens
+    assert torch.equal(cut, full[:, :24])
+    # In the full list, window tokens come nearest first (squared distance from the centre).
+    real = full[:, :, 0] != PAD_TOKEN
+    dist = ((full[:, :, 0] >> 4).long() - RADIUS) ** 2 + ((full[:, :, 0] & 15).long() - RADIUS) ** 2
+    dist = torch.where(real, dist, 10**6)
+    assert (dist[:, 1:] >= dist[:, :-1]).all()
+
+
+def test_both_compaction_paths_agree():
+    env = Machina1Env(num_envs=8, max_steps=30, max_tokens=40, obstacle_density=0.25, seed=7)
+    env.reset()
+    captured = []
+    compact = env.encoder.compact_nonzero
+    env.encoder.compact_nonzero = lambda t: captured.append(t) or compact(t)
+    env.step(torch.randint(0, env.num_actions, (env.num_agents,)))
+    tokens = captured[0]
+    assert ((tokens != 0).sum(1) > 40).any()  # some rows overflow, some do not
+    assert torch.equal(env.encoder.compact_cumsum(tokens)[:, :-1], compact(tokens)[:, :-1])
