@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 
-from machina.errors import ConfigError, TrainingStopped
+from machina.errors import ConfigError, Interrupted, TrainingStopped
 
 log = logging.getLogger("machina")
 
@@ -20,6 +20,8 @@ def report_errors() -> Iterator[None]:
     A constructor's ValueError raised while Hydra instantiates a config node is a bad setting too: Hydra wraps it,
     and the wrapper is unwrapped here. A single run exits with code 2. In a multirun the error is re-raised without
     its traceback, so Hydra reports the failed job and goes on with the others (exiting would end the whole sweep).
+    A stop by SIGINT / SIGTERM (``Interrupted``, after its checkpoint) exits with 128 + the signal number, in a
+    multirun too: Ctrl-C or a preemption means the whole sweep.
     """
     try:
         yield
@@ -33,6 +35,8 @@ def report_errors() -> Iterator[None]:
 
 def _report(err: Exception) -> None:
     log.error("%s: %s", type(err).__name__, err)
+    if isinstance(err, Interrupted):
+        raise SystemExit(128 + err.signum) from None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         raise err.with_traceback(None) from None
     raise SystemExit(2) from None

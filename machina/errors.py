@@ -7,3 +7,11 @@ class ConfigError(ValueError):
 
 class TrainingStopped(RuntimeError):
     """Training stopped cleanly (a NaN loss, an interrupt); the last good checkpoint is kept."""
+
+
+class Interrupted(TrainingStopped):
+    """Stopped by a signal (SIGINT, SIGTERM) after checkpointing; the process exits with 128 + ``signum``."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = int(signum)

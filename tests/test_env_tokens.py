@@ -6,6 +6,7 @@ from machina import keys
 from machina.env.grid import AGENT, CENTRE_LOC, F_COOLDOWN, F_INV, F_PROGRESS, F_TYPE, F_VIBE, RADIUS
 from machina.env.machina_1 import Machina1Env
 from machina.env.spec import PAD_TOKEN
+from machina.env.tokens import PAD_INT, pack_tokens
 
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)
 
@@ -49,7 +50,7 @@ def test_tokens_decode_back_to_the_grid_for_every_agent():
     g = torch.Generator().manual_seed(1)
     td = env.reset()
     teacher = td[keys.TEACHER_ACTIONS]
-    for i in range(30):  # teacher moves fill inventories and cool extractors down; random vibes
+    for _ in range(30):  # teacher moves fill inventories and cool extractors down; random vibes
         vibes = torch.randint(5, env.num_actions, (env.num_agents,), generator=g)
         td = env.step(torch.where(torch.rand(env.num_agents, generator=g) < 0.2, vibes, teacher))
         teacher = td[keys.TEACHER_ACTIONS]
@@ -74,26 +75,42 @@ def test_own_inventory_at_centre_and_others_vibe_and_cooldown_visible():
     assert (RADIUS, RADIUS, F_VIBE, 3) in decode(obs[1])  # agent 1 sees its own vibe too
 
 
-def test_when_tokens_overflow_the_farthest_are_dropped():
+def test_when_tokens_overflow_the_farthest_map_tokens_are_dropped():
     settings = dict(num_envs=4, max_steps=40, obstacle_density=0.3, seed=4)
     big, small = Machina1Env(max_tokens=200, **settings), Machina1Env(max_tokens=24, **settings)
     full, cut = big.reset()[keys.OBS], small.reset()[keys.OBS]
-    assert ((full[:, :, 0] != PAD_TOKEN).sum(1) > 24).all()  # every agent has more than 24 tokens
-    assert torch.equal(cut, full[:, :24])
-    # In the full list, window tokens come nearest first (squared distance from the centre).
     real = full[:, :, 0] != PAD_TOKEN
+    assert (real.sum(1) > 24).all()  # every agent has more than 24 tokens
+    assert torch.equal(cut, full[:, :24])
+    # The static map's type tokens come after the agent / vibe / cooldown tokens, nearest first.
+    static = real & (full[:, :, 1] == F_TYPE) & (full[:, :, 2] != AGENT)
+    first_static = static.float().argmax(1, keepdim=True)
+    position = torch.arange(full.shape[1])
+    assert (static == (real & (position >= first_static))).all()
     dist = ((full[:, :, 0] >> 4).long() - RADIUS) ** 2 + ((full[:, :, 0] & 15).long() - RADIUS) ** 2
-    dist = torch.where(real, dist, 10**6)
+    dist = torch.where(static, dist, torch.where(position < first_static, -1, 10**6))
     assert (dist[:, 1:] >= dist[:, :-1]).all()
+    assert (first_static < 24).all()  # so the cut kept every agent / vibe / cooldown / centre token
 
 
-def test_both_compaction_paths_agree():
-    env = Machina1Env(num_envs=8, max_steps=30, max_tokens=40, obstacle_density=0.25, seed=7)
-    env.reset()
-    captured = []
-    compact = env.encoder.compact_nonzero
-    env.encoder.compact_nonzero = lambda t: captured.append(t) or compact(t)
-    env.step(torch.randint(0, env.num_actions, (env.num_agents,)))
-    tokens = captured[0]
-    assert ((tokens != 0).sum(1) > 40).any()  # some rows overflow, some do not
-    assert torch.equal(env.encoder.compact_cumsum(tokens)[:, :-1], compact(tokens)[:, :-1])
+def test_compaction_keeps_order_pads_and_cuts_at_max_tokens():
+    env = Machina1Env(num_envs=16, max_tokens=8, teacher=False)  # 64 agents
+    g = torch.Generator().manual_seed(0)
+    c = env.encoder.locs.numel()
+    tokens = torch.randint(1, 1 << 24, (64, c), generator=g, dtype=torch.int32)
+    tokens *= torch.rand(64, c, generator=g) < torch.linspace(0, 0.12, 64).unsqueeze(1)  # 0 to ~17 per row
+    out = env.encoder.compact(tokens.clone())
+    for row, got in zip(tokens, out, strict=True):
+        want = [int(t | loc) for t, loc in zip(row, env.encoder.locs, strict=True) if t != 0][:8]
+        assert got.tolist() == want + [PAD_INT] * (8 - len(want))
+    assert (tokens != 0).sum(1).min() == 0 and (tokens != 0).sum(1).max() > 8
+
+
+def test_pack_tokens_matches_the_low_three_bytes():
+    for m in (128, 7):  # a multiple of 4 and not
+        tokens = torch.randint(0, 1 << 24, (5, m), dtype=torch.int32)
+        tokens[0] = PAD_INT
+        packed = pack_tokens(tokens)
+        assert packed.is_contiguous() and torch.equal(packed, tokens.view(torch.uint8).view(5, m, 4)[..., :3])
+    env = Machina1Env(num_envs=2, max_tokens=30, teacher=False)
+    assert env.reset()[keys.OBS].shape == (8, 30, 3)

@@ -120,3 +120,12 @@ class Geometry:
         offsets = torch.tensor([dy * self.pcols + dx for dy, dx in cells], dtype=torch.int64, device=device)
         locs = torch.tensor([(dy + RADIUS) << 4 | (dx + RADIUS) for dy, dx in cells], dtype=torch.int32, device=device)
         return offsets, locs
+
+    def location_table(self, device: torch.device) -> torch.Tensor:
+        """int32 [2 * cells - 1]: entry ``d + cells - 1`` is the window location byte of a cell at flat offset d from
+        the agent, or -1 outside the window. Offsets are unique because the margin is wider than the view radius.
+        """
+        table = torch.full((2 * self.cells - 1,), -1, dtype=torch.int32)
+        offsets, locs = self.window("cpu")
+        table[offsets + self.cells - 1] = locs
+        return table.to(device)

@@ -40,6 +40,7 @@ from machina.env.grid import (
     EMPTY,
     EXTRACTOR,
     F_COOLDOWN,
+    F_TYPE,
     F_VIBE,
     HEART,
     INVENTORY_SLOTS,
@@ -66,7 +67,7 @@ class Machina1Env:
     [E, A], ``cooldown`` int16 [E, X + 1] (last slot is scratch), ``t`` int64 [E] step counter of the episode,
     ``ep`` float32 [E, 5] running episode sums (return summed over agents, length, hearts made, hearts deposited,
     resources gathered), ``totals`` float32 [6] stats of ended episodes, plus per-layout caches (``ext_pos``,
-    ``ext_of_cell``, ``tok_static``, ``ext_tok`` and, with the teacher, the distance fields ``dist``).
+    ``ext_of_cell``, ``cell_types`` and, with the teacher, the distance fields ``dist``).
     """
 
     def __init__(
@@ -110,7 +111,8 @@ class Machina1Env:
             self.geom, agents_per_env, extractors_per_resource, round(obstacle_density * height * width), self.device
         )
         self.num_extractors = self.sampler.num_extractors
-        self.encoder = TokenEncoder(self.geom, max_tokens, self.device)
+        objects = 2 * agents_per_env + self.num_extractors  # agents' type and vibe tokens, extractors' cooldowns
+        self.encoder = TokenEncoder(self.geom, max_tokens, objects, num_envs, agents_per_env, self.device)
         self.sweeps = 2 * (height + width)  # BFS sweeps: paths longer than this count as unreachable for the teacher
 
         names, norms = feature_table(extractor_cooldown, num_vibes, inventory_cap)
@@ -126,11 +128,10 @@ class Machina1Env:
         self.action_delta = torch.cat([self.deltas, self.deltas.new_zeros(num_vibes)])  # int64 [num_actions]
         self.inside = self.geom.template(dev) != EMPTY
         self.inside[self.geom.interior(dev)] = True
-        self.env_base = torch.arange(e, device=dev).unsqueeze(1) * p  # [E, 1] flat offset of each env's board
         slots = torch.arange(a, device=dev)
         self.lower = (slots.view(1, -1) < slots.view(-1, 1)).unsqueeze(0)  # [1, A, A]: [i, j] = j has priority
         self.others = (slots.view(1, -1) != slots.view(-1, 1)).unsqueeze(0)
-        self.agent_token = torch.tensor(cell_token(0, AGENT), dtype=torch.int64, device=dev)  # feature 0 = type_id
+        self.agent_type = torch.full((e, a), cell_token(F_TYPE, AGENT), dtype=torch.int32, device=dev)
         self.generator = torch.Generator(dev)
         self.generator.manual_seed(seed)
         # Resets per step are bounded by the balanced stagger; on accelerators the ended envs are picked with a
@@ -142,8 +143,7 @@ class Machina1Env:
             "grid": torch.zeros(e, p, dtype=torch.uint8, device=dev),
             "ext_pos": torch.zeros(e, x, dtype=torch.int64, device=dev),
             "ext_of_cell": torch.full((e, p), x, dtype=torch.int64, device=dev),
-            "tok_static": torch.zeros(e, p, dtype=torch.int64, device=dev),
-            "ext_tok": torch.zeros(e, x, dtype=torch.int64, device=dev),
+            "cell_types": torch.zeros(e, p, dtype=torch.int32, device=dev),
             "cooldown": torch.zeros(e, x + 1, dtype=torch.int16, device=dev),
             "pos": torch.zeros(e, a, dtype=torch.int64, device=dev),
             "inv": torch.zeros(e, a, INVENTORY_SLOTS, dtype=torch.int16, device=dev),
@@ -321,13 +321,11 @@ class Machina1Env:
     def _start_episodes(self, idx, lay: layouts.Layout, t0: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Write layout ``lay`` and empty agent state into envs ``idx`` (int64 [K]), except where ``keep`` is True."""
         s = self.state
-        tok_static = torch.where(lay.grid != EMPTY, cell_token(0, lay.grid.long()), 0)  # feature 0 = type_id
         new = {
             "grid": lay.grid,
             "ext_pos": lay.ext_pos,
             "ext_of_cell": lay.ext_of_cell,
-            "tok_static": tok_static,
-            "ext_tok": tok_static.gather(1, lay.ext_pos),
+            "cell_types": torch.where(lay.grid != EMPTY, cell_token(F_TYPE, lay.grid.int()), 0),
             "cooldown": torch.zeros_like(s["cooldown"][idx]),
             "pos": lay.agent_pos,
             "inv": torch.zeros_like(s["inv"][idx]),
@@ -351,14 +349,16 @@ class Machina1Env:
     def _observe(self) -> torch.Tensor:
         """uint8 [N, M, 3] token observations of the current state (see tokens.py)."""
         s = self.state
-        tokens = s["tok_static"].clone()
-        cd = s["cooldown"][:, : self.num_extractors].long()
-        cd_tok = torch.where(cd > 0, cell_token(F_COOLDOWN, cd), 0) << 32  # second token of the cell
-        tokens.scatter_(1, s["ext_pos"], s["ext_tok"] | cd_tok)
-        vibe_tok = torch.where(s["vibe"] > 0, cell_token(F_VIBE, s["vibe"]), 0) << 32
-        tokens.scatter_(1, s["pos"], self.agent_token | vibe_tok)
-        progress = (s["t"] * 256 // self.max_steps).clamp_(max=255)
-        centre = torch.cat(
-            [s["inv"].to(torch.int32), progress.view(-1, 1, 1).expand(-1, self.agents_per_env, 1).int()], 2
+        vibe, cooldown = s["vibe"].int(), s["cooldown"][:, : self.num_extractors].int()
+        obj_pos = torch.cat([s["pos"], s["pos"], s["ext_pos"]], 1)  # [E, J]: agents' type, agents' vibe, cooldowns
+        obj_tokens = torch.cat(
+            [
+                self.agent_type,
+                torch.where(vibe > 0, cell_token(F_VIBE, vibe), 0),
+                torch.where(cooldown > 0, cell_token(F_COOLDOWN, cooldown), 0),
+            ],
+            1,
         )
-        return self.encoder.encode(tokens, (s["pos"] + self.env_base).view(-1), centre.view(self.num_agents, -1))
+        progress = (s["t"] * 256 // self.max_steps).clamp_(max=255).int()
+        centre = torch.cat([s["inv"].int(), progress.view(-1, 1, 1).expand(-1, self.agents_per_env, 1)], 2)
+        return self.encoder.encode(s["cell_types"], s["pos"], centre.view(self.num_agents, -1), obj_pos, obj_tokens)

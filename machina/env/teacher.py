@@ -20,7 +20,7 @@ import torch
 
 from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, HEART, NUM_GOALS, NUM_RESOURCES
 
-INF = 30000  # "unreachable" in the int16 distance fields; stays below int16 max after `sweeps` increments
+INF = 30000  # "unreachable" in the int16 distance fields; INF + sweeps must stay below the int16 max
 
 
 def distance_fields(grid: torch.Tensor, inside: torch.Tensor, pcols: int, sweeps: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def distance_fields(grid: torch.Tensor, inside: torch.Tensor, pcols: int, sweeps
 
     grid: uint8 [K, cells] object types; inside: bool [cells], True on the bordered map (False on the margin).
     Distance 0 marks the goal objects themselves; distance d >= 1 on a walkable cell means d moves to use the
-    nearest goal object; unreachable (or farther than ``sweeps``) cells hold values >= INF.
+    nearest goal object; unreachable cells (or farther than ``sweeps`` moves) hold INF.
     """
     k, cells = grid.shape
     goal_types = torch.tensor([EXTRACTOR + r for r in range(NUM_RESOURCES)] + [ASSEMBLER, CHEST], device=grid.device)
@@ -45,7 +45,7 @@ def distance_fields(grid: torch.Tensor, inside: torch.Tensor, pcols: int, sweeps
         torch.minimum(nb[:-1], dist[1:], out=nb[:-1])
         nb += 1
         dist = torch.where(walk, nb, dist)
-    return dist.view(k, NUM_GOALS, cells)
+    return dist.clamp_(max=INF).view(k, NUM_GOALS, cells)
 
 
 def teacher_actions(dist: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:

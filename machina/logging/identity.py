@@ -8,7 +8,12 @@ from omegaconf import DictConfig
 
 
 def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
-    """W&B project/group/name/tags: one group per sweep, a name that says the run's overrides."""
+    """W&B project/group/name/tags: one group per sweep, a name that says the run's overrides.
+
+    The group is the sweep folder's name (``wandb.group`` overrides it); the name is ``JOB:OVERRIDES`` (its folder is
+    ``JOB_OVERRIDES``), so a row of the runs table leads straight to its folder. The losses come from
+    ``cfg.losses``: Hydra does not record a list selection in ``runtime.choices``.
+    """
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = hydra_cfg.job.override_dirname if hydra_cfg else ""
     group = cfg.wandb.group
@@ -16,7 +21,7 @@ def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
         group = Path(hydra_cfg.sweep.dir).name
     choices = dict(hydra_cfg.runtime.choices) if hydra_cfg else {}
     tags = [f"loss:{name}" for name, node in cfg.losses.items() if node.get("enabled", True)]
-    tags += [f"{group_name}:{choices[group_name]}" for group_name in ("env", "policy") if group_name in choices]
+    tags += [f"{name}:{choices[name]}" for name in ("experiment", "env", "policy") if choices.get(name)]
     tags.append(f"deterministic:{str(cfg.system.torch_deterministic).lower()}")
     tags += list(cfg.wandb.tags)
     job_num = hydra_cfg.job.num if hydra_cfg and hydra_cfg.mode.name == "MULTIRUN" else None

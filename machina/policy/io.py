@@ -61,6 +61,12 @@ def load_policy(path: str | Path, device: torch.device | str = "cpu") -> tuple[n
         feature_names=tuple(obs["feature_names"]),
         feature_norms=tuple(obs["feature_norms"]),
     )
-    policy = instantiate(policy_data["architecture"], obs_spec=obs_spec, num_actions=policy_data["num_actions"])
-    policy.load_state_dict(policy_data["state_dict"])
+    try:
+        policy = instantiate(policy_data["architecture"], obs_spec=obs_spec, num_actions=policy_data["num_actions"])
+        policy.load_state_dict(policy_data["state_dict"])
+    except Exception as err:  # noqa: BLE001 - a stale or edited file fails in instantiate or load_state_dict
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: its policy cannot be rebuilt from its own architecture "
+            f"({type(err).__name__}: {str(err)[:200]}); it was written by another machina version or edited"
+        ) from None
     return policy.to(device), obs_spec

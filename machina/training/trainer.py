@@ -2,20 +2,26 @@
 
 import logging
 import math
+import signal
+import threading
 import time
 
 import torch
 from torch import nn
 
 from machina import keys
-from machina.errors import TrainingStopped
+from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
+from machina.training.checkpoint import Checkpointer
 from machina.training.experience import Experience
 from machina.training.learner import Learner
 from machina.training.rollout import Rollout
 
 log = logging.getLogger(__name__)
+
+# What the run summary reads from each epoch's metrics (kept in ``Trainer.history`` and in checkpoints).
+SUMMARY_KEYS = ("metric/agent_step", "overview/reward", "overview/sps")
 
 
 class Trainer:
@@ -29,10 +35,17 @@ class Trainer:
     Args:
         total_timesteps: agent steps to train for.
         update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: see ``Learner``.
-        checkpoint_interval: epochs between checkpoints (used by the checkpointer).
+        checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
+        keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
         eval_interval: epochs between evaluations; 0 turns them off.
         env, policy, losses, experience, optimizer: the parts, built by ``machina.run``.
         sinks: objects with ``log(dict)``, ``close()``.
+        checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
+
+    Stops: a non-finite loss raises ``TrainingStopped`` at the end of its epoch, before that epoch is logged or
+    checkpointed, so the last good checkpoint is the newest. SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
+    current epoch finish, checkpoints it and raises ``Interrupted``; a second SIGINT abandons the epoch at once
+    (the last checkpoint is kept) and a second SIGTERM kills the process.
     """
 
     def __init__(
@@ -52,9 +65,22 @@ class Trainer:
         experience: Experience,
         optimizer: torch.optim.Optimizer,
         sinks: list,
+        keep_checkpoints: int = 3,
+        checkpointer: Checkpointer | None = None,
     ):
+        check_counts(
+            total_timesteps=(total_timesteps, 1),
+            update_epochs=(update_epochs, 1),
+            checkpoint_interval=(checkpoint_interval, 0),
+            keep_checkpoints=(keep_checkpoints, 1),
+            eval_interval=(eval_interval, 0),
+        )
+        for name, value in (("max_grad_norm", max_grad_norm), ("gamma", gamma), ("gae_lambda", gae_lambda)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"trainer.{name} must be a non-negative number, got {value!r}")
         self.total_timesteps = total_timesteps
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
+        self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
         self.env, self.policy, self.losses, self.experience = env, policy, losses, experience
         self.optimizer, self.sinks = optimizer, sinks
         self.stopwatch = Stopwatch()
@@ -74,6 +100,7 @@ class Trainer:
         )
         self.agent_step = 0
         self.epoch = 0
+        # Per-epoch SUMMARY_KEYS only: small enough to checkpoint, so the run summary spans resumes.
         self.history: list[dict[str, float]] = []
 
     @property
@@ -81,25 +108,62 @@ class Trainer:
         return Progress(self.agent_step, self.total_timesteps)
 
     def train(self) -> dict[str, float]:
-        """Run epochs until ``total_timesteps``; return the summary (final/best reward, SPS, steps, time)."""
+        """Run epochs until ``total_timesteps``; return the summary (final/best reward, SPS, steps, time).
+
+        ``overview/sps_cumulative`` counts the steps and time of this process only, so it stays honest after a
+        resume (the checkpoint's steps were not taken in this process's time).
+        """
         start = time.perf_counter()
         start_step = self.agent_step
         epoch_start = start
-        while self.agent_step < self.total_timesteps:
-            self.policy.eval()
-            steps = self.rollout.run(self.progress)
-            self.agent_step += steps
-            self.policy.train()
-            self.learner.run(self.progress)
-            self.epoch += 1
-            now = time.perf_counter()
-            metrics = self._epoch_metrics(steps, now - epoch_start, (self.agent_step - start_step) / (now - start))
-            epoch_start = now
-            self._check_finite(metrics)
-            for sink in self.sinks:
-                sink.log(metrics)
-            self.history.append(metrics)
+        saved_epoch = self.epoch  # a fresh run or a resume starts at a checkpointed (or initial) state
+        with StopSignals() as stop:
+            try:
+                while self.agent_step < self.total_timesteps:
+                    steps = self._run_epoch()
+                    now = time.perf_counter()
+                    sps_cumulative = (self.agent_step - start_step) / (now - start)
+                    metrics = self._epoch_metrics(steps, now - epoch_start, sps_cumulative)
+                    epoch_start = now
+                    self._check_finite(metrics)
+                    for sink in self.sinks:
+                        sink.log(metrics)
+                    self.history.append({key: metrics[key] for key in SUMMARY_KEYS})
+                    if stop.signum or (self.checkpoint_interval and self.epoch % self.checkpoint_interval == 0):
+                        saved_epoch = self._save()
+                    if stop.signum and self.agent_step < self.total_timesteps:
+                        raise Interrupted(
+                            f"stopped by {signal.Signals(stop.signum).name} after epoch {self.epoch}; "
+                            f"{self._kept()}; rerun the same command to resume",
+                            stop.signum,
+                        )
+                if saved_epoch != self.epoch:
+                    self._save()
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    f"interrupted twice at agent step {self.agent_step}: the unfinished epoch is not checkpointed; "
+                    f"{self._kept()}",
+                    signal.SIGINT,
+                ) from None
         return summarize(self.history, time.perf_counter() - start)
+
+    def _run_epoch(self) -> int:
+        self.policy.eval()
+        steps = self.rollout.run(self.progress)
+        self.agent_step += steps
+        self.policy.train()
+        self.learner.run(self.progress)
+        self.epoch += 1
+        return steps
+
+    def _save(self) -> int:
+        if self.checkpointer is not None:
+            self.checkpointer.save(self, self.keep_checkpoints)
+        return self.epoch
+
+    def _kept(self) -> str:
+        latest = self.checkpointer.latest if self.checkpointer else None
+        return f"the last good checkpoint is {str(latest)!r}" if latest else "no checkpoint was written"
 
     def _epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
         device_metrics = self.learner.pop_metrics()
@@ -130,7 +194,50 @@ class Trainer:
             raise TrainingStopped(
                 f"non-finite loss at epoch {self.epoch} (agent step {self.agent_step}): "
                 + ", ".join(f"{k}={metrics[k]}" for k in bad)
+                + f"; the epoch was not checkpointed and {self._kept()}; lower optimizer.lr, the loss's "
+                "coefficients or trainer.max_grad_norm"
             )
+
+
+def check_counts(**settings: tuple[int, int]) -> None:
+    """``name=(value, minimum)``: each ``trainer.<name>`` must be an integer >= minimum (a command-line typo like
+    ``trainer.total_timesteps=abc`` arrives here as a string)."""
+    for name, (value, minimum) in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"trainer.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class StopSignals:
+    """Within the ``with`` block, the first SIGINT or SIGTERM only records ``signum`` (the trainer checkpoints at
+    the end of the epoch and stops); the previous handlers are back from then on, so a second signal acts at once.
+    Only the main thread can install handlers; elsewhere signals keep their usual effect."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        self._restore()
+        log.warning(
+            "%s: finishing epoch, then checkpointing and stopping (Ctrl-C again abandons the epoch)",
+            signal.Signals(signum).name,
+        )
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
 
 def episode_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

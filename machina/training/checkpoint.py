@@ -1,0 +1,237 @@
+"""Checkpoints: the whole training state at an epoch boundary, written atomically, loaded without running code.
+
+Layout of ``<run_dir>/checkpoints/`` (epochs zero-padded to 6 digits, so names sort by epoch):
+    checkpoint_<epoch>.pt   the training state; the last ``trainer.keep_checkpoints`` are kept
+    policy_<epoch>.pt       the policy file of that epoch (``machina.policy.io``), all kept: teachers
+                            (``losses.eer_kickstarter.teacher_checkpoint``) and evaluation read them
+A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=True)`` reads it:
+    format              "machina.checkpoint/1"
+    epoch, agent_step   counters after the epoch's update
+    policy              a policy file's payload (architecture + weights)
+    optimizer           optimizer.state_dict()
+    losses              {name: {"state_dict": ..., "attributes": {attr: tensor | packed TensorDict}}}
+    env                 env.state_dict(): every state tensor and its generator
+    rollout             {"step": packed TensorDict, "state": packed TensorDict}: the live observation and
+                        each agent's recurrent state
+    rng                 torch (and CUDA), numpy and python RNG states
+    history             per-epoch agent_step / reward / SPS, so the run summary spans resumes
+    wandb_run_id        the W&B run a resume continues (None when W&B was off)
+    config              the resolved config of the run that wrote it
+Schedules are pure functions of agent_step, so the counters restore them. The experience buffer is not saved: at an
+epoch boundary every row of it is rewritten before it is read again.
+"""
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from machina.env.spec import ObsSpec
+from machina.errors import ConfigError, TrainingStopped
+from machina.policy.io import policy_payload, read_checkpoint_file
+from machina.training.state import capture_losses, capture_rng, pack, restore_losses, restore_rng, unpack
+
+log = logging.getLogger(__name__)
+
+FORMAT = "machina.checkpoint/1"
+CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
+
+
+class Checkpointer:
+    """Writes checkpoints of a trainer into ``directory`` and restores a trainer from one.
+
+    Args:
+        directory: ``<run_dir>/checkpoints``; created, and checked to be writable at start-up.
+        architecture: the resolved ``policy`` config, enough to rebuild the policy.
+        obs_spec: the env's observation spec, stored with the policy.
+        config: the resolved run config, stored for the record and compared on resume.
+        wandb_run_id: the W&B run this run logs to.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        architecture: dict[str, Any],
+        obs_spec: ObsSpec,
+        config: dict[str, Any],
+        wandb_run_id: str | None,
+    ):
+        self.directory = Path(directory)
+        self.architecture, self.obs_spec, self.config = architecture, obs_spec, config
+        self.wandb_run_id = wandb_run_id
+        probe = self.directory / ".write_test"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+            # A kill during a write leaves only a temp file behind (never a half checkpoint); drop it.
+            for stale in self.directory.glob(".*.tmp"):
+                stale.unlink()
+        except OSError as err:
+            raise ConfigError(
+                f"cannot write checkpoints to {str(self.directory)!r} ({err.strerror or err}); make the run folder "
+                "writable or choose another with hydra.run.dir=PATH"
+            ) from None
+        self.latest: Path | None = latest_checkpoint(self.directory)
+
+    def save(self, trainer, keep: int) -> Path:
+        """Write ``policy_<epoch>.pt`` then ``checkpoint_<epoch>.pt`` (the commit point), and keep the last
+        ``keep`` checkpoints. A failed write stops training and names the file; the previous checkpoint stays."""
+        name = f"{trainer.epoch:06d}.pt"
+        path = self.directory / f"checkpoint_{name}"
+        payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
+        state = {
+            "format": FORMAT,
+            "epoch": trainer.epoch,
+            "agent_step": trainer.agent_step,
+            "policy": payload,
+            "optimizer": trainer.optimizer.state_dict(),
+            "losses": capture_losses(trainer.losses),
+            "env": trainer.env.state_dict(),
+            "rollout": {"step": pack(trainer.rollout.step_td), "state": pack(trainer.rollout.state)},
+            "rng": capture_rng(),
+            "history": trainer.history,
+            "wandb_run_id": self.wandb_run_id,
+            "config": self.config,
+        }
+        try:
+            atomic_write(self.directory / f"policy_{name}", lambda f: torch.save(payload, f))
+            atomic_write(path, lambda f: torch.save(state, f))
+        except OSError as err:
+            kept = f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
+            raise TrainingStopped(
+                f"cannot write checkpoint {str(path)!r} ({err.strerror or err}); free disk space or make the folder "
+                f"writable, then rerun the same command to resume ({kept})"
+            ) from None
+        self.latest = path
+        found = checkpoints(self.directory)
+        # Newer epochs belong to a future abandoned by resuming from an older checkpoint: a later resume must not
+        # pick them up.
+        for epoch, old in found:
+            if epoch > trainer.epoch:
+                old.unlink()
+        for old in [p for e, p in found if e <= trainer.epoch][:-keep]:
+            old.unlink()
+        log.info("checkpoint %s (epoch %d, agent step %d)", path, trainer.epoch, trainer.agent_step)
+        return path
+
+    def restore(self, trainer, data: dict[str, Any], source: Path) -> None:
+        """Load ``data`` (read from ``source`` by ``load_checkpoint``) into ``trainer``; refuse a checkpoint it
+        cannot continue, naming the settings that differ (a resume may be automatic: say which file it was)."""
+        policy, where = data["policy"], f"the checkpoint {str(source)!r}"
+        if policy["architecture"] != self.architecture:
+            raise ConfigError(
+                f"{where} was trained with another policy architecture ("
+                + "; ".join(config_diff(policy["architecture"], self.architecture, "policy"))
+                + "); resume with the checkpoint's policy settings or start a new run folder (hydra.run.dir)"
+            )
+        if policy["num_actions"] != trainer.policy.num_actions:
+            raise ConfigError(
+                f"{where} has a policy with {policy['num_actions']} actions but the env has "
+                f"{trainer.policy.num_actions}; resume with the checkpoint's env.num_vibes"
+            )
+        try:
+            trainer.env.load_state_dict(data["env"])
+            trainer.policy.load_state_dict(policy["state_dict"])
+            trainer.optimizer.load_state_dict(data["optimizer"])
+        except (ValueError, RuntimeError, KeyError) as err:
+            changed = config_diff(data["config"].get("env", {}), self.config.get("env", {}), "env")
+            raise ConfigError(
+                f"{where} does not fit this run ({str(err)[:200]}); settings that changed: "
+                f"{'; '.join(changed) or 'none in env'}; resume with the checkpoint's settings"
+            ) from None
+        device = trainer.experience.device
+        trainer.rollout.step_td = unpack(data["rollout"]["step"], device)
+        trainer.rollout.state = unpack(data["rollout"]["state"], device)
+        restore_losses(trainer.losses, data["losses"], device)
+        restore_rng(data["rng"])
+        trainer.epoch, trainer.agent_step = data["epoch"], data["agent_step"]
+        trainer.history = list(data["history"])
+        changed = config_diff(data["config"], self.config, "")
+        if changed:
+            log.info("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a training checkpoint safely; a policy file or a foreign file is refused with a clear message."""
+    data = read_checkpoint_file(path)
+    if data["format"] != FORMAT:
+        raise ConfigError(
+            f"{str(path)!r} has format {data['format']!r}, not a training checkpoint ({FORMAT!r}); resume from a "
+            "checkpoint_*.pt or a run folder (policy_*.pt files are for teachers and evaluation)"
+        )
+    return data
+
+
+def find_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: ``resume`` (a checkpoint file, a run folder or its checkpoints folder), or,
+    when ``resume`` is null, the latest checkpoint in ``run_dir`` if it has one (a rerun of the same command)."""
+    if resume is None:
+        return latest_checkpoint(Path(run_dir) / "checkpoints")
+    path = Path(str(resume)).expanduser()
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise ConfigError(f"resume={resume!r} does not exist; give a checkpoint_*.pt file or a run folder")
+    found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+    if found is None:
+        raise ConfigError(f"resume={resume!r}: no checkpoint_*.pt in {str(path)!r} or its checkpoints/ folder")
+    return found
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of every ``checkpoint_<epoch>.pt`` in ``directory``, oldest first."""
+    directory = Path(directory)
+    found = (CHECKPOINT.fullmatch(p.name) for p in directory.glob("checkpoint_*.pt"))
+    return sorted((int(m.group(1)), directory / m.group(0)) for m in found if m)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write through a temp file in the same folder, fsync, then ``os.replace``: a reader (or a resume after a kill)
+    sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def config_diff(old: Any, new: Any, prefix: str) -> list[str]:
+    """``key: old -> new`` for every leaf that differs between two nested configs (``resume`` ignored)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted((set(old) | set(new)) - {"resume"}, key=str)
+        return [d for k in keys for d in config_diff(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in config_diff(a, b, f"{prefix}[{i}]")]
+    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
+
+
+def trim_metrics(path: Path, epoch: int) -> None:
+    """Keep the rows of ``metrics.jsonl`` up to ``epoch``: the resumed run writes the later epochs again, and a kill
+    mid-write may have left a partial last line."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("metric/epoch", 0) <= epoch:
+            kept.append(line + "\n")
+    atomic_write(path, lambda f: f.write("".join(kept).encode("utf-8")))

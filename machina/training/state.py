@@ -1,0 +1,71 @@
+"""Plain-data snapshots of live training state: RNGs, TensorDicts and the rollout-time state of losses.
+
+Everything here returns dicts, lists, numbers and tensors only, so a checkpoint made of them loads with
+``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back.
+"""
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+
+def pack(td: TensorDict) -> dict[str, Any]:
+    """A TensorDict as ``{"tensors": {key: tensor}, "batch_size": [..]}`` (cloned: compact and detached)."""
+    return {"tensors": td.detach().clone().to_dict(), "batch_size": list(td.batch_size)}
+
+
+def unpack(packed: dict[str, Any], device: torch.device) -> TensorDict:
+    return TensorDict(packed["tensors"], batch_size=packed["batch_size"]).to(device)
+
+
+def capture_losses(losses: dict[str, nn.Module]) -> dict[str, Any]:
+    """Each loss's ``state_dict`` plus the tensors and TensorDicts it keeps between rollout steps (e.g. eer_cloner's
+    previous step, eer_kickstarter's teacher recurrent state): taken at an epoch boundary, they carry into the next
+    rollout and decide its reward shaping."""
+    out = {}
+    for name, loss in losses.items():
+        attributes = {}
+        for attr, value in vars(loss).items():
+            if isinstance(value, TensorDict):
+                attributes[attr] = {"tensordict": pack(value)}
+            elif isinstance(value, torch.Tensor):
+                attributes[attr] = {"tensor": value.detach().clone()}
+        out[name] = {"state_dict": loss.state_dict(), "attributes": attributes}
+    return out
+
+
+def restore_losses(losses: dict[str, nn.Module], saved: dict[str, Any], device: torch.device) -> None:
+    for name, loss in losses.items():
+        if name not in saved:
+            continue  # a loss added on resume starts fresh
+        loss.load_state_dict(saved[name]["state_dict"])
+        for attr, value in saved[name]["attributes"].items():
+            restored = unpack(value["tensordict"], device) if "tensordict" in value else value["tensor"].to(device)
+            setattr(loss, attr, restored)
+
+
+def capture_rng() -> dict[str, Any]:
+    """torch (CPU and, when in use, CUDA), numpy and python RNG states as tensors and plain values."""
+    _, key, pos, has_gauss, gauss = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": cuda,
+        "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+        "python": {"version": version, "state": list(mt), "gauss_next": gauss_next},
+    }
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    n = rng["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = rng["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
