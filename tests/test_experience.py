@@ -5,8 +5,8 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.build import merge_specs
 from machina.errors import ConfigError
-from machina.run import merge_specs
 from machina.training.experience import Experience
 
 SPEC = {keys.OBS: ((2, 3), torch.uint8), keys.REWARDS: ((), torch.float32), keys.ACTIONS: ((), torch.int64)}

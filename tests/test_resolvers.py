@@ -4,8 +4,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from machina import keys, resolvers
+from machina.build import build_losses, check_policy_outputs
 from machina.errors import ConfigError
-from machina.run import build_losses, check_policy_outputs
 from tests.conftest import compose_config
 
 FAKE = "+losses.fake._target_=tests.fake_losses.ConsumesFullLogProbs"

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from machina import keys
+from machina.build import build, build_trainer
 from machina.training.trainer import Trainer
 from tests.conftest import compose_config, run_train
 from tests.wandb_reader import find_runs, read_run
@@ -89,35 +89,15 @@ def count_syncs(counter: list):
             setattr(torch.Tensor, name, method)
 
 
-def build_trainer(overrides):
-    """Build the objects as machina.run does, without the run folder and sinks."""
-    from hydra.utils import instantiate
-
-    from machina.run import build_losses, merge_specs
-
+def make_trainer(overrides) -> Trainer:
+    """The parts and trainer as machina.run builds them, without the run folder and sinks."""
     cfg = compose_config([*TINY, *overrides])
-    device = instantiate(cfg.system).apply()
-    losses = build_losses(cfg.losses)
-    teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())
-    env = instantiate(cfg.env, device=str(device), teacher=teacher)
-    policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
-    for loss in losses.values():
-        loss.setup(env.spec, policy, device)
-    spec = merge_specs(
-        {"policy": policy.experience_spec(), **{n: x.experience_spec(env.spec) for n, x in losses.items()}}
-    )
-    state = {k: (tuple(v.shape[1:]), v.dtype) for k, v in policy.initial_state(1, device).items()}
-    exp = instantiate(cfg.experience, spec=spec, state_spec=state, num_agents=env.spec.num_agents, device=device)
-    optimizer = instantiate(cfg.optimizer)(policy.parameters())
-    trainer: Trainer = instantiate(
-        cfg.trainer, env=env, policy=policy, losses=losses, experience=exp, optimizer=optimizer, sinks=[]
-    )
-    return trainer
+    return build_trainer(cfg, build(cfg), sinks=[])
 
 
 @pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]", "[sliced_scripted_cloner,ppo]", "[ppo,eer_cloner]"])
 def test_rollout_and_update_make_no_host_sync(losses):
-    trainer = build_trainer([f"losses={losses}"])
+    trainer = make_trainer([f"losses={losses}"])
     env_step = trainer.env.step
     syncs: list[str] = []
 

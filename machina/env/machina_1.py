@@ -44,6 +44,7 @@ from machina.env.grid import (
     F_VIBE,
     HEART,
     INVENTORY_SLOTS,
+    NUM_GOALS,
     NUM_RESOURCES,
     WINDOW,
     Geometry,
@@ -153,7 +154,7 @@ class Machina1Env:
             "totals": torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=dev),
         }
         if teacher:
-            self.state["dist"] = torch.zeros(e, 6, p, dtype=torch.int16, device=dev)
+            self.state["dist"] = torch.zeros(e, p, NUM_GOALS, dtype=torch.int16, device=dev)
         self._start_all()
 
     # ----------------------------------------------------------------------------------------------- public API

@@ -24,7 +24,8 @@ INF = 30000  # "unreachable" in the int16 distance fields; INF + sweeps must sta
 
 
 def distance_fields(grid: torch.Tensor, inside: torch.Tensor, pcols: int, sweeps: int) -> torch.Tensor:
-    """Distance fields int16 [K, NUM_GOALS, cells] of K layouts.
+    """Distance fields int16 [K, cells, NUM_GOALS] of K layouts (goal-minor, so that one gather per neighbour cell
+    reads all goals from one cache line).
 
     grid: uint8 [K, cells] object types; inside: bool [cells], True on the bordered map (False on the margin).
     Distance 0 marks the goal objects themselves; distance d >= 1 on a walkable cell means d moves to use the
@@ -45,28 +46,27 @@ def distance_fields(grid: torch.Tensor, inside: torch.Tensor, pcols: int, sweeps
         torch.minimum(nb[:-1], dist[1:], out=nb[:-1])
         nb += 1
         dist = torch.where(walk, nb, dist)
-    return dist.clamp_(max=INF).view(k, NUM_GOALS, cells)
+    return dist.clamp_(max=INF).view(k, NUM_GOALS, cells).transpose(1, 2).contiguous()
 
 
 def teacher_actions(dist: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
     """The teacher's action int64 [E * A] for every agent.
 
-    dist: int16 [E, NUM_GOALS, cells] distance fields; pos: int64 [E, A] agent cells; inv: int16 [E, A, 5]
+    dist: int16 [E, cells, NUM_GOALS] distance fields; pos: int64 [E, A] agent cells; inv: int16 [E, A, 5]
     inventories (4 resources, hearts); deltas: int64 [5] flat move offsets of noop, N, E, S, W.
     """
     e, a = pos.shape
-    cells = dist.shape[-1]
     nbr = pos.unsqueeze(-1) + deltas[1:]  # [E, A, 4] neighbour cells in action order N, E, S, W
-    goal_base = torch.arange(NUM_GOALS, device=pos.device).view(1, 1, -1, 1) * cells
-    idx = (goal_base + nbr.unsqueeze(2)).view(e, -1)  # [E, A * G * 4] into dist viewed as [E, G * cells]
-    nd = dist.view(e, -1).gather(1, idx).view(e, a, NUM_GOALS, 4)
+    goal = torch.arange(NUM_GOALS, device=pos.device)
+    idx = (nbr.unsqueeze(-1) * NUM_GOALS + goal).view(e, -1)  # [E, A * 4 * G] into dist viewed as [E, cells * G]
+    nd = dist.view(e, -1).gather(1, idx).view(e, a, 4, NUM_GOALS)
 
     has_heart = inv[..., HEART] > 0
     lacking = inv[..., :NUM_RESOURCES] == 0
     complete = ~lacking.any(-1)
     goals = torch.cat([lacking & ~has_heart.unsqueeze(-1), (complete & ~has_heart).unsqueeze(-1)], -1)
     goals = torch.cat([goals, has_heart.unsqueeze(-1)], -1)  # [E, A, G]: the goal kinds this agent heads for
-    cost = nd.masked_fill(~goals.unsqueeze(-1), INF).amin(2)  # [E, A, 4]
+    cost = nd.masked_fill(~goals.unsqueeze(2), INF).amin(-1)  # [E, A, 4]
     occupied = (nbr.unsqueeze(-1) == pos.view(e, 1, 1, a)).any(-1)
     cost = cost.masked_fill(occupied, INF)
     best, move = cost.min(-1)  # first minimum on ties: N before E before S before W

@@ -38,7 +38,7 @@ class Trainer:
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
         eval_interval: epochs between evaluations; 0 turns them off.
-        env, policy, losses, experience, optimizer: the parts, built by ``machina.run``.
+        env, policy, losses, experience, optimizer: the parts, built by ``machina.build``.
         sinks: objects with ``log(dict)``, ``close()``.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
 

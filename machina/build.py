@@ -1,0 +1,106 @@
+"""Build the parts of an experiment from a composed config: the only place that calls ``hydra.utils.instantiate``.
+
+Order as in CleanRL's main: system -> losses -> env -> policy -> experience -> optimizer. ``machina.run`` adds the run
+folder, sinks and trainer; benchmarks and tests build the same parts here.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+
+from machina import keys
+from machina.errors import ConfigError
+from machina.losses.base import Loss, Spec
+from machina.system import System
+from machina.training.experience import Experience
+
+
+@dataclass
+class Parts:
+    system: System
+    device: torch.device
+    env: object
+    policy: nn.Module
+    losses: dict[str, Loss]
+    experience: Experience
+    optimizer: torch.optim.Optimizer
+
+
+def build(cfg: DictConfig, rank: int = 0) -> Parts:
+    """Instantiate every part of the experiment; the config is read, never mutated."""
+    system = instantiate(cfg.system, rank=rank)
+    device = system.apply()
+    losses = build_losses(cfg.losses)
+    needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())
+    env = instantiate(cfg.env, device=str(device), seed=system.seed, teacher=needs_teacher)
+    policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions).to(device)
+    check_policy_outputs(losses, policy)
+    for loss in losses.values():
+        loss.setup(env.spec, policy, device)
+        loss.to(device)
+    spec = merge_specs(
+        {"policy": policy.experience_spec(), **{name: loss.experience_spec(env.spec) for name, loss in losses.items()}}
+    )
+    state = policy.initial_state(1, device)
+    state_spec = {key: (tuple(value.shape[1:]), value.dtype) for key, value in state.items()}
+    experience = instantiate(
+        cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
+    )
+    optimizer = instantiate(cfg.optimizer)(policy.parameters())
+    return Parts(system, device, env, policy, losses, experience, optimizer)
+
+
+def build_trainer(cfg: DictConfig, parts: Parts, **extra):
+    """The trainer over ``parts``; ``extra`` carries sinks and the checkpointer."""
+    return instantiate(
+        cfg.trainer,
+        env=parts.env,
+        policy=parts.policy,
+        losses=parts.losses,
+        experience=parts.experience,
+        optimizer=parts.optimizer,
+        **extra,
+    )
+
+
+def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
+    """Instantiate the enabled losses in config order (the order in which they run)."""
+    losses = {}
+    for name, node in losses_cfg.items():
+        if "_target_" not in node:
+            raise ConfigError(f"losses.{name} has no _target_; every loss config names its class")
+        kwargs = {k: v for k, v in node.items() if k != "enabled"}
+        if node.get("enabled", True):
+            losses[name] = instantiate(kwargs, _convert_="all")
+    return losses
+
+
+def check_policy_outputs(losses: dict[str, Loss], policy) -> None:
+    """Refuse at start-up a policy that does not emit what an enabled loss consumes."""
+    if keys.FULL_LOG_PROBS in policy.output_keys():
+        return
+    for name, loss in losses.items():
+        if keys.FULL_LOG_PROBS in type(loss).consumes:
+            raise ConfigError(
+                f"loss '{name}' consumes {keys.FULL_LOG_PROBS}, but policy.action_probs.emit_full_log_probs=false "
+                f"was forced; drop the override policy.action_probs.emit_full_log_probs=false (it is derived from "
+                f"the enabled losses) or disable the loss with losses.{name}.enabled=false"
+            )
+
+
+def merge_specs(specs: dict[str, Spec]) -> Spec:
+    """Union of per-step buffer specs; the same key with another shape or dtype is refused."""
+    merged: Spec = {}
+    owner: dict[str, str] = {}
+    for who, spec in specs.items():
+        for key, value in spec.items():
+            if key in merged and merged[key] != value:
+                raise ConfigError(
+                    f"experience key '{key}' is declared as {merged[key]} by {owner[key]} and as {value} by {who}"
+                )
+            merged.setdefault(key, value)
+            owner.setdefault(key, who)
+    return merged
