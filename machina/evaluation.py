@@ -34,15 +34,16 @@ class SyncedEnv(Machina1Env):
     has played exactly one full episode. ``last_episode`` float32 [E, 5] holds each env's sums (``EPISODE_COLUMNS``)
     of its last ended episode, which Machina1Env only reports summed over envs.
 
-    It overrides two internals of Machina1Env (``_start_all``, ``_end_episodes``); a ``stagger`` constructor option
-    and per-env stats in the env itself would make this class unnecessary.
+    It overrides two internals of Machina1Env (``_start_all``, ``_end_episodes``) and turns ``sync_free`` off; a
+    ``stagger`` constructor option and per-env stats in the env itself would make this class unnecessary.
     """
 
     def _start_all(self) -> None:
         super()._start_all()
         self.state["t"].zero_()
-        # Every env ends on the same step, so all of them must be resettable at once (see Machina1Env.__init__).
-        self._reset_capacity = self.num_envs
+        # Every env ends on the same step: reset exactly the ended envs, with a host sync per step (harmless outside
+        # training), instead of a fixed number of envs per step sized for the stagger.
+        self.sync_free = False
         self.last_episode = torch.zeros_like(self.state["ep"])
 
     def _end_episodes(self, done: torch.Tensor) -> None:
@@ -90,7 +91,8 @@ def play(env, actor: Actor, steps: int) -> Iterator[TensorDict]:
 @contextmanager
 def forked_rng(seed: int, device: torch.device):
     """Run the block on torch's global RNG (and the device's) seeded with ``seed``; restore both afterwards."""
-    devices = [device.index or 0] if device.type == "cuda" else []
+    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+    devices = [index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield

@@ -42,9 +42,15 @@ class System:
         self.tf32 = bool(tf32)
 
     def apply(self) -> torch.device:
+        """Seed every generator and set torch's flags; return the device."""
         random.seed(self.seed)
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)
+        self.apply_flags()
+        return self.device
+
+    def apply_flags(self) -> None:
+        """Set the process-wide torch flags only (benchmarks switch between configurations with it)."""
         if self.threads:
             torch.set_num_threads(self.threads)
         if self.torch_deterministic:
@@ -55,7 +61,6 @@ class System:
         torch.backends.cudnn.benchmark = not self.torch_deterministic
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.backends.cudnn.allow_tf32 = self.tf32
-        return self.device
 
 
 def resolve_device(name: str) -> torch.device:

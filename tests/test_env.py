@@ -125,6 +125,23 @@ def test_first_episodes_are_staggered_and_resets_per_step_are_bounded():
     assert stats["episodes"] == 128 and stats["length"] == float(first.sum()) + 64 * 20
 
 
+def test_sync_free_reset_path_resets_exactly_the_ended_envs():
+    env = Machina1Env(num_envs=40, max_steps=10, teacher=True, seed=5)
+    env.sync_free = True  # the accelerator path: a fixed-size, sorted selection of envs to reset
+    env.reset()
+    for _ in range(25):
+        before = {k: v.clone() for k, v in env.state.items()}
+        td = env.step(torch.randint(0, env.num_actions, (env.num_agents,)))
+        ended = td[keys.TRUNCATED].view(40, 4)[:, 0]
+        assert torch.equal(ended, before["t"] == 9)
+        assert (env.state["t"][ended] == 0).all() and (env.state["t"][~ended] == before["t"][~ended] + 1).all()
+        assert torch.equal(env.state["grid"][~ended], before["grid"][~ended])
+        assert (env.state["inv"][ended] == 0).all()
+    # First ends at steps 1..10, four envs each (balanced stagger), then every 10 steps: within 25 steps the 20
+    # envs that first ended by step 5 ended three times, the other 20 twice.
+    assert env.episode_stats()["episodes"] == 100
+
+
 def random_rollout(env, steps, seed=123):
     g = torch.Generator().manual_seed(seed)
     obs = [env.reset()[keys.OBS]]

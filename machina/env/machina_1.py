@@ -135,8 +135,9 @@ class Machina1Env:
         self.agent_type = torch.full((e, a), cell_token(F_TYPE, AGENT), dtype=torch.int32, device=dev)
         self.generator = torch.Generator(dev)
         self.generator.manual_seed(seed)
-        # Resets per step are bounded by the balanced stagger; on accelerators the ended envs are picked with a
-        # fixed-size topk (no host sync), so the bound must hold. Hand-made layouts (set_layout) lift it to E.
+        # Resets per step are bounded by the balanced stagger. On accelerators (sync_free) a fixed number of envs
+        # is reset each step (no host sync), so the bound must hold; hand-made layouts (set_layout) lift it to E.
+        self.sync_free = self.device.type != "cpu"
         self._reset_capacity = math.ceil(e / max_steps)
 
         x = self.num_extractors
@@ -306,16 +307,18 @@ class Machina1Env:
         s["totals"][0] += done_f.sum()
         s["totals"][1:] += (s["ep"] * done_f).sum(0)
         s["ep"] *= 1.0 - done_f
-        if self.device.type == "cpu":
-            idx = done.nonzero().squeeze(1)  # exact and sync-free on CPU
+        if not self.sync_free:
+            idx = done.nonzero().squeeze(1)  # exact; a host sync, which costs nothing on CPU
             if idx.numel() == 0:
                 return
             keep = None
         else:
+            # A fixed number of envs: the ended ones first, in env order (stable sort), then others that keep their
+            # state; the order is deterministic so that each ended env always draws the same layout.
             k = min(self._reset_capacity, self.num_envs)
             torch._assert_async(done.sum() <= k, "more envs ended in one step than the reset capacity")
-            idx = torch.topk(done.to(torch.float32), k).indices
-            keep = ~done[idx]  # selected envs that did not end keep their state
+            idx = torch.sort((~done).to(torch.uint8), stable=True).indices[:k]
+            keep = ~done[idx]
         t0 = torch.zeros_like(idx)
         self._start_episodes(idx, self.sampler.sample(idx.numel(), self.generator), t0, keep)
 
