@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from machina import resolvers
+from machina import distributed, resolvers
 from machina.cli import report_errors
 
 # Registered at import time, before @hydra.main composes (also in launcher subprocesses, which re-import this file).
@@ -14,7 +14,8 @@ resolvers.register()
 def main(cfg: DictConfig) -> float:
     from machina.run import train
 
-    with report_errors():
+    # Under torchrun this process is one rank of a data-parallel job (docs/distributed.md); alone it is the job.
+    with report_errors(), distributed.process_group(cfg.system.device):
         return train(cfg)
 
 

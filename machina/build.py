@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
-from machina import keys
+from machina import distributed, keys
 from machina.errors import ConfigError
 from machina.losses.base import Loss, Spec
 from machina.system import System
@@ -32,7 +32,7 @@ class Parts:
 def build(cfg: DictConfig, rank: int = 0) -> Parts:
     """Instantiate every part of the experiment; the config is read, never mutated."""
     system = instantiate(cfg.system, rank=rank)
-    device = system.apply()
+    device = distributed.rank_device(system.apply())
     losses = build_losses(cfg.losses)
     needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())
     env = instantiate(cfg.env, device=str(device), seed=system.seed, teacher=needs_teacher)

@@ -3,7 +3,7 @@
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import distributed, keys
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.losses.base import Loss, Progress, Spec
@@ -54,9 +54,7 @@ class PPOLoss(Loss):
         old_values = minibatch[keys.VALUES]
         returns = advantages + old_values
         if self.norm_adv:
-            mean = wmean(advantages)
-            std = wmean((advantages - mean) ** 2).sqrt()
-            advantages = (advantages - mean) / (std + 1e-8)
+            advantages = normalize(advantages, weight)
 
         logratio = policy_out[keys.ACT_LOG_PROB] - minibatch[keys.ACT_LOG_PROB]
         ratio = logratio.exp()
@@ -85,3 +83,17 @@ class PPOLoss(Loss):
             "approx_kl": approx_kl,
             "clipfrac": clipfrac,
         }
+
+
+def normalize(advantages: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``(x - mean) / (std + 1e-8)`` with weighted statistics over the minibatch, and under torchrun over every
+    rank's minibatch: one all-reduce of ``[sum w*x, sum w*x^2, sum w]`` (queued on the device, no host sync)."""
+    sums = distributed.all_reduce_sum(
+        torch.stack([(weight * advantages).sum(), (weight * advantages**2).sum(), weight.sum()])
+    )
+    wx, wx2, w = sums.unbind()
+    denom = w.clamp(min=1.0)  # as in wmean: an all-masked minibatch keeps finite statistics
+    mean = wx / denom
+    # sum w*(x - mean)^2 expanded, so the sums are all that crosses ranks.
+    var = ((wx2 - 2 * mean * wx + mean**2 * w) / denom).clamp(min=0.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8)

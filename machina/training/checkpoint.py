@@ -14,6 +14,8 @@ A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=T
     rollout             {"step": packed TensorDict, "state": packed TensorDict}: the live observation and
                         each agent's recurrent state
     rng                 torch (and CUDA), numpy and python RNG states
+    other_ranks         under torchrun: [{env, rollout, losses, rng}] of ranks 1..N-1 (the entries above are rank
+                        0's), gathered by rank 0, which alone writes; [] for a single process
     history             per-epoch agent_step / reward / SPS, so the run summary spans resumes
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
     config              the resolved config of the run that wrote it
@@ -31,6 +33,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from machina import distributed
 from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
 from machina.policy.io import policy_payload, read_checkpoint_file
@@ -64,6 +67,11 @@ class Checkpointer:
         self.directory = Path(directory)
         self.architecture, self.obs_spec, self.config = architecture, obs_spec, config
         self.wandb_run_id = wandb_run_id
+        if distributed.rank() == 0:  # the only writer
+            self._check_writable()
+        self.latest: Path | None = latest_checkpoint(self.directory)
+
+    def _check_writable(self) -> None:
         probe = self.directory / ".write_test"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -77,13 +85,24 @@ class Checkpointer:
                 f"cannot write checkpoints to {str(self.directory)!r} ({err.strerror or err}); make the run folder "
                 "writable or choose another with hydra.run.dir=PATH"
             ) from None
-        self.latest: Path | None = latest_checkpoint(self.directory)
 
     def save(self, trainer, keep: int) -> Path:
         """Write ``policy_<epoch>.pt`` then ``checkpoint_<epoch>.pt`` (the commit point), and keep the last
-        ``keep`` checkpoints. A failed write stops training and names the file; the previous checkpoint stays."""
+        ``keep`` checkpoints. A failed write stops training and names the file; the previous checkpoint stays.
+        Under torchrun every rank calls this at the same epoch and rank 0 writes every rank's state."""
         name = f"{trainer.epoch:06d}.pt"
         path = self.directory / f"checkpoint_{name}"
+        ranks = distributed.gather_to_main(
+            {
+                "env": trainer.env.state_dict(),
+                "rollout": {"step": pack(trainer.rollout.step_td), "state": pack(trainer.rollout.state)},
+                "losses": capture_losses(trainer.losses),
+                "rng": capture_rng(),
+            }
+        )
+        if ranks is None:  # not rank 0
+            self.latest = path
+            return path
         payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
         state = {
             "format": FORMAT,
@@ -91,10 +110,8 @@ class Checkpointer:
             "agent_step": trainer.agent_step,
             "policy": payload,
             "optimizer": trainer.optimizer.state_dict(),
-            "losses": capture_losses(trainer.losses),
-            "env": trainer.env.state_dict(),
-            "rollout": {"step": pack(trainer.rollout.step_td), "state": pack(trainer.rollout.state)},
-            "rng": capture_rng(),
+            **ranks[0],
+            "other_ranks": ranks[1:],
             "history": trainer.history,
             "wandb_run_id": self.wandb_run_id,
             "config": self.config,
@@ -135,8 +152,10 @@ class Checkpointer:
                 f"{where} has a policy with {policy['num_actions']} actions but the env has "
                 f"{trainer.policy.num_actions}; resume with the checkpoint's env.num_vibes"
             )
+        own = rank_state(data, distributed.rank())
         try:
-            trainer.env.load_state_dict(data["env"])
+            if own is not None:
+                trainer.env.load_state_dict(own["env"])
             trainer.policy.load_state_dict(policy["state_dict"])
             trainer.optimizer.load_state_dict(data["optimizer"])
         except (ValueError, RuntimeError, KeyError) as err:
@@ -145,16 +164,33 @@ class Checkpointer:
                 f"{where} does not fit this run ({str(err)[:200]}); settings that changed: "
                 f"{'; '.join(changed) or 'none in env'}; resume with the checkpoint's settings"
             ) from None
-        device = trainer.experience.device
-        trainer.rollout.step_td = unpack(data["rollout"]["step"], device)
-        trainer.rollout.state = unpack(data["rollout"]["state"], device)
-        restore_losses(trainer.losses, data["losses"], device)
-        restore_rng(data["rng"])
+        if own is not None:
+            device = trainer.experience.device
+            trainer.rollout.step_td = unpack(own["rollout"]["step"], device)
+            trainer.rollout.state = unpack(own["rollout"]["state"], device)
+            restore_losses(trainer.losses, own["losses"], device)
+            restore_rng(own["rng"])
+        saved_ranks = 1 + len(data.get("other_ranks", []))
+        if saved_ranks != distributed.world_size():
+            log.warning(
+                "%s was written by %d ranks and this run has %d: ranks without a saved state start with fresh envs",
+                where,
+                saved_ranks,
+                distributed.world_size(),
+            )
         trainer.epoch, trainer.agent_step = data["epoch"], data["agent_step"]
         trainer.history = list(data["history"])
         changed = config_diff(data["config"], self.config, "")
         if changed:
             log.info("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
+
+
+def rank_state(data: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """Rank ``rank``'s env, rollout, losses and RNG state in a checkpoint; None when it was written by fewer ranks."""
+    if rank == 0:
+        return data
+    others = data.get("other_ranks", [])
+    return others[rank - 1] if rank <= len(others) else None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -2,14 +2,15 @@
 
 Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms, backward, grad-norm clip,
 optimizer step, ``zero_grad(set_to_none=True)``. Metrics stay on the device and are summed; the trainer reads them
-once per epoch.
+once per epoch. Under torchrun the forward goes through DDP (``machina.distributed.wrap``), which averages the
+gradients over the ranks during backward.
 """
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import keys
+from machina import distributed, keys
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
@@ -42,6 +43,7 @@ class Learner:
         vtrace_c_clip: float,
     ):
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
+        self.model = distributed.wrap(policy)  # the policy itself in a single process
         self.stopwatch = stopwatch
         self.update_epochs, self.max_grad_norm = update_epochs, max_grad_norm
         self.gamma, self.gae_lambda = gamma, gae_lambda
@@ -73,8 +75,10 @@ class Learner:
                     minibatch[keys.PRIO_WEIGHTS] = weights
                     state = exp.row_state[idx]
                 with sw.time("train.forward"):
-                    policy_out = self.policy(training_input(stored, state))
+                    policy_out = self.model(training_input(stored, state))
                     total = self._losses(minibatch, policy_out, progress)
+                    if self.model is not self.policy:
+                        total = total + distributed.zero_term(self.policy)
                 with sw.time("train.backward"):
                     total.backward()
                 with sw.time("train.optimizer"):

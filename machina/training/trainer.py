@@ -9,7 +9,7 @@ import time
 import torch
 from torch import nn
 
-from machina import keys
+from machina import distributed, keys
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
@@ -30,10 +30,11 @@ class Trainer:
     Per epoch it logs (to every sink) ``metric/agent_step``, ``metric/epoch``, ``overview/sps`` (agent steps of the
     epoch / wall time of the whole epoch), ``overview/sps_cumulative``, ``overview/reward`` (mean return of the
     episodes that ended in the epoch), ``timing/<phase>`` seconds and ``timing/<phase>_frac`` fractions,
-    ``losses/<loss>/<metric>``, ``env/<stat>`` and ``experience/<stat>``.
+    ``losses/<loss>/<metric>``, ``env/<stat>`` and ``experience/<stat>``. Under torchrun, agent steps and SPS count
+    every rank's steps, and the other metrics are reduced over the ranks (``_epoch_metrics``); timings are this rank's.
 
     Args:
-        total_timesteps: agent steps to train for.
+        total_timesteps: agent steps to train for, summed over the ranks under torchrun.
         update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: see ``Learner``.
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
@@ -129,13 +130,15 @@ class Trainer:
                     for sink in self.sinks:
                         sink.log(metrics)
                     self.history.append({key: metrics[key] for key in SUMMARY_KEYS})
-                    if stop.signum or (self.checkpoint_interval and self.epoch % self.checkpoint_interval == 0):
+                    # A signal may reach the ranks in different epochs: all of them stop after the same one.
+                    signum = distributed.agree_max(stop.signum)
+                    if signum or (self.checkpoint_interval and self.epoch % self.checkpoint_interval == 0):
                         saved_epoch = self._save()
-                    if stop.signum and self.agent_step < self.total_timesteps:
+                    if signum and self.agent_step < self.total_timesteps:
                         raise Interrupted(
-                            f"stopped by {signal.Signals(stop.signum).name} after epoch {self.epoch}; "
+                            f"stopped by {signal.Signals(signum).name} after epoch {self.epoch}; "
                             f"{self._kept()}; rerun the same command to resume",
-                            stop.signum,
+                            signum,
                         )
                 if saved_epoch != self.epoch:
                     self._save()
@@ -149,7 +152,8 @@ class Trainer:
 
     def _run_epoch(self) -> int:
         self.policy.eval()
-        steps = self.rollout.run(self.progress)
+        # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.
+        steps = self.rollout.run(self.progress) * distributed.world_size()
         self.agent_step += steps
         self.policy.train()
         self.learner.run(self.progress)
@@ -166,9 +170,12 @@ class Trainer:
         return f"the last good checkpoint is {str(latest)!r}" if latest else "no checkpoint was written"
 
     def _epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
-        device_metrics = self.learner.pop_metrics()
-        device_metrics.update(episode_metrics(self.env.episode_stats()))
-        device_metrics.update(buffer_metrics(self.experience))
+        # Under torchrun: loss and buffer metrics are means over the ranks (a NaN on one rank stops them all), the
+        # env's episode sums are summed, so the episode means are over every rank's episodes.
+        means, stats = distributed.reduce_epoch(
+            {**self.learner.pop_metrics(), **buffer_metrics(self.experience)}, self.env.episode_stats()
+        )
+        device_metrics = {**means, **episode_metrics(stats)}
         # The one host read of the epoch: every device metric at once.
         values = torch.stack([v.float() for v in device_metrics.values()]).tolist()
         metrics = dict(zip(device_metrics, values, strict=True))
