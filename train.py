@@ -2,6 +2,7 @@
 
 import hydra
 from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from machina import distributed, resolvers
 from machina.cli import report_errors
@@ -11,6 +12,7 @@ resolvers.register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@record  # under torchrun: a failing rank's traceback goes to torchrun's failure report (a no-op otherwise)
 def main(cfg: DictConfig) -> float:
     from machina.run import train
 

@@ -284,11 +284,12 @@ class Machina1Env:
         actions = actions.to(self.device, torch.int64)
         in_range = (actions >= 0) & (actions < self.num_actions)
         msg = f"action ids must be in [0, {self.num_actions})"
-        if self.device.type == "cpu":
-            if not bool(in_range.all()):  # CPU: no device to sync with
-                raise ValueError(msg)
-        else:
+        # An asynchronous assert: no host read on any device. On CPU it fails at once, so it becomes a ValueError
+        # there; on an accelerator it surfaces at the next sync as a device-side assert carrying the message.
+        try:
             torch._assert_async(in_range.all(), msg)
+        except RuntimeError:
+            raise ValueError(msg) from None
         return actions
 
     def _start_all(self) -> None:
