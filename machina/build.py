@@ -36,6 +36,12 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
     losses = build_losses(cfg.losses)
     needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())
     env = instantiate(cfg.env, device=str(device), seed=system.seed, teacher=needs_teacher)
+    for name, loss in losses.items():
+        if keys.TEACHER_ACTIONS in loss.env_keys and not env.spec.provides_teacher:
+            raise ConfigError(
+                f"loss '{name}' learns from {keys.TEACHER_ACTIONS}, which env {cfg.env._target_} does not provide; "
+                f"choose env=machina_1 or disable the loss with losses.{name}.enabled=false"
+            )
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions).to(device)
     check_policy_outputs(losses, policy)
     for loss in losses.values():

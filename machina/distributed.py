@@ -34,6 +34,7 @@ def process_group(device_name: str) -> Iterator[None]:
     """Join the process group that torchrun's environment variables describe (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) for the block: nccl when ``system.device`` is a GPU, else gloo.
     Ranks other than 0 log warnings and errors only. Without ``WORLD_SIZE`` > 1 it does nothing."""
+    ranks_from_slurm()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         yield
         return
@@ -47,6 +48,17 @@ def process_group(device_name: str) -> Iterator[None]:
     yield
     # Only on success: after a failure the peers may be gone, and the process is exiting anyway.
     dist.destroy_process_group()
+
+
+def ranks_from_slurm() -> None:
+    """Under ``srun`` with several tasks and no torchrun (e.g. ``hydra/launcher=submitit_slurm`` with
+    ``tasks_per_node`` > 1), each task is a rank: take ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` from Slurm's
+    per-task variables. ``MASTER_ADDR`` and ``MASTER_PORT`` must be exported by the job (docs/distributed.md)."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
 
 
 def rank() -> int:
@@ -71,9 +83,9 @@ def rank_device(device: torch.device) -> torch.device:
 def wrap(policy: nn.Module) -> nn.Module:
     """What the learner calls: DDP over ``policy`` in a process group, else ``policy`` itself.
 
-    DDP copies rank 0's parameters (and buffers) to every rank here. The buffers are constant lookup tables, hence no per-forward
-    buffer broadcast. ``find_unused_parameters=False`` (no graph walk per step) needs every parameter in each
-    backward: the learner adds ``zero_term`` for that."""
+    DDP copies rank 0's parameters (and buffers) to every rank here. The buffers are constant lookup tables, hence
+    no buffer sync per forward. ``find_unused_parameters=False`` (no graph walk per step) needs every parameter in
+    each backward: the learner adds ``zero_term`` for that."""
     if not dist.is_initialized():
         return policy
     device = next(policy.parameters()).device

@@ -1,0 +1,54 @@
+"""Learning: a short PPO run on a small built-in env beats a random policy clearly, and cloning the teacher raises
+agreement with it. Marked slow: each trains for about a minute on 2 CPU cores."""
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from machina.evaluation import Evaluator
+from machina.policy.io import load_policy
+from tests.conftest import compose_config, run_train
+
+SMALL = [
+    "env.num_envs=64",
+    "env.height=7",
+    "env.width=7",
+    "env.max_steps=100",
+    "env.extractors_per_resource=1",
+    "experience.batch_size=16384",
+    "experience.bptt_horizon=16",
+    "experience.minibatch_size=4096",
+    "wandb=disabled",
+]
+
+
+def train_small(tmp_path, extra, steps):
+    run_dir = tmp_path / "run"
+    result = run_train([*SMALL, *extra, f"trainer.total_timesteps={steps}", f"hydra.run.dir={run_dir}"], timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, rows
+
+
+@pytest.mark.slow
+def test_ppo_beats_a_random_policy(tmp_path):
+    run_dir, rows = train_small(tmp_path, ["losses=ppo"], 400_000)
+    (policy_file,) = sorted((run_dir / "checkpoints").glob("policy_*.pt"))[-1:]
+    policy, _ = load_policy(policy_file)
+    env = OmegaConf.to_container(compose_config(SMALL).env, resolve=True)
+    rows_eval = Evaluator(env, episodes=32, seed=1).compare(policy)
+    trained, random = rows_eval["policy"]["return"], rows_eval["random"]["return"]
+    assert trained > 3 * random, rows_eval
+    first, last = rows[0]["overview/reward"], rows[-1]["overview/reward"]
+    assert last > 2 * first
+    assert torch.isfinite(torch.tensor(rows[-1]["losses/ppo/loss_value"]))
+
+
+@pytest.mark.slow
+def test_cloning_the_teacher_raises_agreement(tmp_path):
+    _, rows = train_small(tmp_path, ["losses=[ppo,supervisor]"], 160_000)
+    agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
+    assert agreement[-1] > agreement[0] + 0.2
+    assert rows[-1]["losses/supervisor/supervised_loss"] < rows[0]["losses/supervisor/supervised_loss"]

@@ -1,0 +1,95 @@
+"""env=mettagrid_arena: the real MettaGrid env behind machina's env interface (needs the mettagrid extra), the
+install message without it, and the start-up refusal of losses that need teacher actions."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from machina import keys
+from machina.build import build
+from machina.env.spec import PAD_TOKEN
+from machina.errors import ConfigError
+from tests.conftest import compose_config, run_train
+
+TINY = ["env.num_envs=4", "env.max_steps=30", "experience.batch_size=256", "experience.bptt_horizon=16"]
+TINY += ["experience.minibatch_size=128", "trainer.total_timesteps=512", "policy=fast"]
+
+
+def test_without_the_extra_the_env_says_how_to_install_it(monkeypatch):
+    # `import mettagrid...` raises ImportError once the package is None and no submodule is cached.
+    for name in [m for m in sys.modules if m.startswith("mettagrid.") or m == "machina.env.mettagrid_game"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mettagrid", None)
+    from machina.env.mettagrid import MettaGridArenaEnv
+
+    hint = r"env=mettagrid_arena needs the mettagrid extra: pip install -e '\.\[mettagrid\]'"
+    with pytest.raises(ConfigError, match=hint):
+        MettaGridArenaEnv(num_envs=1)
+
+
+def test_random_actions_give_well_formed_tokens_and_episodes_reset():
+    pytest.importorskip("mettagrid")
+    from machina.env.mettagrid import MettaGridArenaEnv
+
+    env = MettaGridArenaEnv(num_envs=4, max_steps=10, seed=1)
+    spec, n = env.spec, env.spec.num_agents
+    assert not spec.provides_teacher and spec.action_names[0] == "noop" and spec.num_actions == 5
+    gen = torch.Generator().manual_seed(0)
+    td = env.reset()
+    truncations = torch.zeros(n)
+    for _ in range(25):
+        obs = td[keys.OBS]
+        assert obs.shape == (n, spec.obs.max_tokens, 3) and obs.dtype == torch.uint8
+        pad = obs[..., 1] == PAD_TOKEN
+        assert (obs[pad] == PAD_TOKEN).all(), "a padding token has all three bytes 0xFF"
+        loc, feature = obs[~pad][:, 0].long(), obs[~pad][:, 1].long()
+        assert ((loc >> 4) < spec.obs.window).all() and ((loc & 15) < spec.obs.window).all()
+        assert (feature < spec.obs.num_features).all()
+        assert set(td.keys()) == {keys.OBS, keys.REWARDS, keys.TERMINATED, keys.TRUNCATED}
+        td = env.step(torch.randint(0, spec.num_actions, (n,), generator=gen))
+        assert td[keys.REWARDS].dtype == torch.float32 and td[keys.TRUNCATED].dtype == torch.bool
+        truncations += td[keys.TRUNCATED]
+    # Staggered first episodes end in [1, 10] steps, later ones at 10: every env reset at least twice in 25 steps.
+    assert (truncations >= 2).all()
+    stats = env.episode_stats()
+    assert stats["episodes"] == truncations.sum() / env.agents_per_env
+    assert set(stats) == {"episodes", "return", "length", "hearts_made", "resources_gathered"}
+
+
+def test_mining_and_converting_yield_a_heart_and_its_reward():
+    pytest.importorskip("mettagrid")
+    from machina.env.mettagrid import MettaGridArenaEnv
+
+    rows = ["#######", "#m@.c.#", "#.....#", "#######"]  # mine west of the agent, converter two cells east
+    env = MettaGridArenaEnv(num_envs=2, agents_per_env=1, map_rows=rows, max_steps=20, ore_per_heart=2)
+    west, east = (env.spec.action_names.index(a) for a in ("move_west", "move_east"))
+    env.reset()
+    rewards = [env.step(torch.full((2,), a))[keys.REWARDS] for a in (west, west, east, east)]
+    # Two uses of the mine (the agent stays put), one step east, then using the converter makes a heart.
+    assert all((r == 0).all() for r in rewards[:3]) and (rewards[3] == 1.0).all()
+    for _ in range(16):
+        td = env.step(torch.zeros(2, dtype=torch.int64))
+    assert td[keys.TRUNCATED].all()
+    stats = {k: float(v) for k, v in env.episode_stats().items()}
+    assert stats == {"episodes": 2, "return": 2.0, "length": 40, "hearts_made": 2, "resources_gathered": 4}
+
+
+@pytest.mark.parametrize("loss", ["supervisor", "sliced_scripted_cloner", "eer_cloner"])
+def test_losses_that_need_teacher_actions_are_refused(loss):
+    pytest.importorskip("mettagrid")
+    cfg = compose_config(["env=mettagrid_arena", f"losses=[ppo,{loss}]", *TINY])
+    with pytest.raises(ConfigError, match=f"loss '{loss}' learns from teacher_actions.*MettaGridArenaEnv"):
+        build(cfg)
+
+
+@pytest.mark.slow
+def test_short_training_run_writes_metrics(tmp_path):
+    pytest.importorskip("mettagrid")
+    run_dir = tmp_path / "run"
+    result = run_train(["env=mettagrid_arena", *TINY, "wandb=disabled", f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metric/agent_step"] for r in rows] == [256, 512]
+    assert all(r["overview/sps"] > 0 and "env/hearts_made" in r for r in rows)
