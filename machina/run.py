@@ -15,9 +15,11 @@ from omegaconf import DictConfig, OmegaConf
 from machina import distributed
 from machina.build import build, build_trainer
 from machina.errors import ConfigError
+from machina.evaluation import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.training.checkpoint import Checkpointer, find_checkpoint, load_checkpoint, trim_metrics
+from machina.training.periodic_eval import PeriodicEval
 from machina.validation import check_types
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,8 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
     wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg)) if main else None
     sinks = [ConsoleSink(cfg.trainer.total_timesteps), JsonlSink(run_dir / "metrics.jsonl"), wandb] if main else []
-    trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer)
+    evaluator = periodic_eval(cfg, resolved, parts, run_dir, wandb) if main else None
+    trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer, evaluator=evaluator)
     if checkpoint:
         checkpointer.restore(trainer, checkpoint, resume_from)
         log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
@@ -70,6 +73,27 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
             sink.close()
     log.info("done: %s", ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     return summary[cfg.objective]
+
+
+def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) -> PeriodicEval | None:
+    """The evaluator of ``trainer.eval_interval`` / ``trainer.replay_interval``, or None when both are 0."""
+    if not (cfg.trainer.eval_interval or cfg.trainer.replay_interval):
+        return None
+    settings = cfg.evaluation
+    try:
+        evaluator = Evaluator(
+            resolved["env"],
+            episodes=settings.episodes,
+            greedy=settings.greedy,
+            seed=parts.system.seed + settings.seed_offset,
+            device=parts.device,
+        )
+    except TypeError as err:
+        raise ConfigError(
+            f"periodic evaluation runs on the built-in env only (env=machina_1), not on {cfg.env._target_} ({err}); "
+            "set trainer.eval_interval=0 trainer.replay_interval=0"
+        ) from None
+    return PeriodicEval(evaluator, run_dir / "replays", wandb)
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict, epoch: int) -> None:

@@ -15,7 +15,7 @@ from machina.errors import ConfigError
 from machina.evaluation import Evaluator
 from machina.policy.io import policy_payload
 from machina.replay import record_replay, save_gif
-from tests.conftest import ROOT, compose_config
+from tests.conftest import ROOT, compose_config, run_train
 
 TINY_ENV = ["env.height=7", "env.width=7", "env.max_steps=40"]
 
@@ -84,3 +84,29 @@ def test_eval_py_writes_eval_json_with_three_rows_and_a_replay(tiny, tmp_path):
     assert "teacher" in (out / "eval.log").read_text()
     with Image.open(out / "replay.gif") as gif:
         assert gif.n_frames == 5
+
+
+def test_periodic_eval_rows_and_replays_during_training(tmp_path):
+    from tests.test_train import TINY
+
+    run_dir = tmp_path / "run"
+    result = run_train(
+        [
+            *TINY,
+            "trainer.total_timesteps=4096",
+            "trainer.eval_interval=2",
+            "trainer.replay_interval=4",
+            "evaluation.episodes=4",
+            "wandb=disabled",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metric/epoch"] for r in rows if "eval/return" in r] == [2, 4]
+    assert all(r["eval/length"] == 40 and r["timing/eval"] > 0 for r in rows if "eval/return" in r)
+    assert "eval/return" not in rows[0]
+    (gif,) = (run_dir / "replays").glob("replay_*.gif")
+    assert gif.name == "replay_000004.gif"
+    with Image.open(gif) as image:
+        assert image.n_frames == 40

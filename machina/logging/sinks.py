@@ -118,6 +118,17 @@ class WandbSink:
             log.warning("W&B log failed (%s); W&B is off for the rest of this run", err)
             self.run = None
 
+    def log_video(self, name: str, path: Path, agent_step: int) -> None:
+        """Log a GIF (a replay) as W&B media at ``agent_step``."""
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            self.run.log({name: wandb.Video(str(path), format="gif"), "metric/agent_step": agent_step})
+        except Exception as err:  # noqa: BLE001
+            log.warning("W&B media log failed (%s)", err)
+
     def summarize(self, summary: dict[str, float]) -> None:
         if self.run is None:
             return

@@ -16,6 +16,7 @@ from machina.losses.base import Loss, Progress
 from machina.training.checkpoint import Checkpointer
 from machina.training.experience import Experience
 from machina.training.learner import Learner
+from machina.training.periodic_eval import PeriodicEval
 from machina.training.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,12 @@ class Trainer:
         update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: see ``Learner``.
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
-        eval_interval: epochs between evaluations; 0 turns them off.
+        eval_interval: epochs between evaluations on held-out layouts (``eval/*`` metrics); 0 turns them off.
+        replay_interval: epochs between replay GIFs in the run folder (and W&B); 0 turns them off.
         env, policy, losses, experience, optimizer: the parts, built by ``machina.build``.
         sinks: objects with ``log(dict)``, ``close()``.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
+        evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
 
     Stops: a non-finite loss raises ``TrainingStopped`` at the end of its epoch, before that epoch is logged or
     checkpointed, so the last good checkpoint is the newest. SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
@@ -67,7 +70,9 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         sinks: list,
         keep_checkpoints: int = 3,
+        replay_interval: int = 0,
         checkpointer: Checkpointer | None = None,
+        evaluator: PeriodicEval | None = None,
     ):
         check_counts(
             total_timesteps=(total_timesteps, 1),
@@ -75,12 +80,14 @@ class Trainer:
             checkpoint_interval=(checkpoint_interval, 0),
             keep_checkpoints=(keep_checkpoints, 1),
             eval_interval=(eval_interval, 0),
+            replay_interval=(replay_interval, 0),
         )
         for name, value in (("max_grad_norm", max_grad_norm), ("gamma", gamma), ("gae_lambda", gae_lambda)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"trainer.{name} must be a non-negative number, got {value!r}")
         self.total_timesteps = total_timesteps
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
+        self.replay_interval, self.evaluator = replay_interval, evaluator
         self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
         self.env, self.policy, self.losses, self.experience = env, policy, losses, experience
         self.optimizer, self.sinks = optimizer, sinks
@@ -127,6 +134,8 @@ class Trainer:
                     metrics = self._epoch_metrics(steps, now - epoch_start, sps_cumulative)
                     epoch_start = now
                     self._check_finite(metrics)
+                    metrics.update(self._evaluate())
+                    epoch_start = time.perf_counter()  # evaluation is timed apart: it costs no training SPS
                     for sink in self.sinks:
                         sink.log(metrics)
                     self.history.append({key: metrics[key] for key in SUMMARY_KEYS})
@@ -159,6 +168,20 @@ class Trainer:
         self.learner.run(self.progress)
         self.epoch += 1
         return steps
+
+    def _evaluate(self) -> dict[str, float]:
+        """``eval/*`` metrics (and a replay) at their intervals; empty on other epochs and without an evaluator."""
+        if self.evaluator is None:
+            return {}
+        start = time.perf_counter()
+        metrics = {}
+        if self.eval_interval and self.epoch % self.eval_interval == 0:
+            metrics.update(self.evaluator.evaluate(self.policy))
+        if self.replay_interval and self.epoch % self.replay_interval == 0:
+            self.evaluator.replay(self.policy, self.epoch, self.agent_step)
+        if metrics:
+            metrics["timing/eval"] = time.perf_counter() - start
+        return metrics
 
     def _save(self) -> int:
         if self.checkpointer is not None:
