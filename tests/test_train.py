@@ -2,13 +2,10 @@
 and the rule that a rollout step makes no host-device sync."""
 
 import json
-import os
-import sys
-from contextlib import contextmanager
 
 import pytest
-import torch
 
+from machina.bench import count_host_reads
 from machina.build import build, build_trainer
 from machina.training.trainer import Trainer
 from tests.conftest import compose_config, run_train
@@ -62,33 +59,6 @@ def test_unknown_group_option_is_reported(tmp_path):
     assert "Could not find 'policy/nope'" in result.stderr
 
 
-SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__")
-
-
-@contextmanager
-def count_syncs(counter: list):
-    """Record every host read of a tensor. torch.optim reads its step counter with .item(); that counter is a host
-    tensor by design (on GPU too, unless capturable), so those calls are not syncs and are not counted."""
-    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
-
-    def counting(name):
-        def wrapper(self, *args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            if f"torch{os.sep}optim{os.sep}" not in caller:
-                counter.append(f"{name} from {caller}:{sys._getframe(1).f_lineno}")
-            return saved[name](self, *args, **kwargs)
-
-        return wrapper
-
-    for name in SYNC_METHODS:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
-
-
 def make_trainer(overrides) -> Trainer:
     """The parts and trainer as machina.run builds them, without the run folder and sinks."""
     cfg = compose_config([*TINY, *overrides])
@@ -99,7 +69,7 @@ def make_trainer(overrides) -> Trainer:
 def test_rollout_and_update_make_no_host_sync(losses):
     trainer = make_trainer([f"losses={losses}"])
     syncs: list[str] = []
-    with count_syncs(syncs):
+    with count_host_reads(syncs):
         steps = trainer.rollout.run(trainer.progress)
         trainer.learner.run(trainer.progress)
     assert steps == trainer.experience.batch_size
