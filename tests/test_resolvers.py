@@ -1,12 +1,14 @@
 """emit_full_log_probs is derived from the enabled losses' classes; an explicit override wins; conflicts refused."""
 
+import itertools
+
 import pytest
 from omegaconf import OmegaConf
 
 from machina import keys, resolvers
-from machina.build import build_losses, check_policy_outputs
+from machina.build import build, build_losses, check_policy_outputs
 from machina.errors import ConfigError
-from tests.conftest import compose_config
+from tests.conftest import CONF, compose_config
 
 FAKE = "+losses.fake._target_=tests.fake_losses.ConsumesFullLogProbs"
 
@@ -69,3 +71,42 @@ def test_forcing_emission_off_with_a_consumer_is_refused_with_the_override_named
 def test_consistent_configuration_passes():
     cfg = compose_config([FAKE])
     check_policy_outputs(build_losses(cfg.losses), _Policy(emit(cfg)))
+
+
+LOSS_OPTIONS = sorted(p.stem for p in (CONF / "losses").glob("*.yaml"))
+PAIRS = [[a] for a in LOSS_OPTIONS] + [list(p) for p in itertools.combinations(LOSS_OPTIONS, 2)]
+
+
+@pytest.mark.parametrize("selection", PAIRS, ids=lambda s: "+".join(s))
+def test_emission_for_every_one_or_two_losses(selection):
+    cfg = compose_config([f"losses=[{','.join(selection)}]"])
+    consumers = {"supervisor", "sliced_scripted_cloner", "eer_kickstarter", "eer_cloner"}
+    assert emit(cfg) is bool(consumers & set(selection))
+
+
+@pytest.mark.parametrize(
+    ("losses", "stored", "absent"),
+    [
+        ("[ppo]", {keys.ACT_LOG_PROB, keys.VALUES, keys.REWARDS}, {keys.FULL_LOG_PROBS, keys.TEACHER_ACTIONS}),
+        ("[ppo,supervisor]", {keys.TEACHER_ACTIONS}, {keys.FULL_LOG_PROBS, keys.PPO_MASK}),
+        ("[sliced_scripted_cloner,ppo]", {keys.TEACHER_ACTIONS, keys.PPO_MASK, keys.TEACHER_MASK}, set()),
+        ("[supervisor]", {keys.TEACHER_ACTIONS, keys.OBS, keys.ACTIONS}, {keys.VALUES, keys.ACT_LOG_PROB}),
+    ],
+)
+def test_buffer_stores_only_what_the_enabled_losses_ask_for(losses, stored, absent):
+    parts = build(
+        compose_config(
+            [
+                f"losses={losses}",
+                "env.num_envs=8",
+                "experience.batch_size=512",
+                "experience.bptt_horizon=16",
+                "experience.minibatch_size=256",
+            ]
+        )
+    )
+    columns = set(parts.experience.buffer.keys())
+    assert stored <= columns
+    assert not (absent & columns)
+    assert keys.FULL_LOG_PROBS not in columns  # no loss stores the policy's full distribution
+    assert parts.env.spec.provides_teacher is (keys.TEACHER_ACTIONS in columns)
