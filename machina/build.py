@@ -44,6 +44,8 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
             )
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions).to(device)
     check_policy_outputs(losses, policy)
+    if system.compile:
+        policy.compile()  # in place: parameter names (and so checkpoints) stay those of the eager module
     for loss in losses.values():
         loss.setup(env.spec, policy, device)
         loss.to(device)

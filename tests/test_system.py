@@ -67,3 +67,28 @@ def test_device_auto_and_errors():
 def test_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         System(device="cpu", **kwargs)
+
+
+@pytest.mark.slow
+def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
+    from hydra.utils import instantiate
+
+    from machina.build import build
+    from machina.policy.inputs import rollout_input
+    from tests.conftest import compose_config
+
+    overrides = ["env.num_envs=4", "experience.batch_size=512", "experience.bptt_horizon=16"]
+    overrides.append("experience.minibatch_size=256")
+    compiled = build(compose_config([*overrides, "system.compile=true"])).policy
+    cfg = compose_config(overrides)
+    env = instantiate(cfg.env)
+    eager = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
+    assert set(compiled.state_dict()) == set(eager.state_dict())
+    eager.load_state_dict(compiled.state_dict())
+    step = env.reset()
+    step["dones"] = torch.ones(env.num_agents)
+    state = eager.initial_state(env.num_agents, "cpu")
+    with torch.no_grad():
+        a = eager(rollout_input(step, state))["values"]
+        b = compiled(rollout_input(step, state))["values"]
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
