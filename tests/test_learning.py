@@ -51,5 +51,5 @@ def test_ppo_beats_a_random_policy(tmp_path):
 def test_cloning_the_teacher_raises_agreement(tmp_path):
     _, rows = train_small(tmp_path, ["losses=[ppo,supervisor]"], 160_000)
     agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
-    assert agreement[-1] > agreement[0] + 0.07
+    assert sum(agreement[-3:]) / 3 > agreement[0] + 0.05
     assert rows[-1]["losses/supervisor/supervised_loss"] < rows[0]["losses/supervisor/supervised_loss"]
