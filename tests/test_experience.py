@@ -102,9 +102,10 @@ def test_prioritized_sampling_prefers_large_advantages_and_weights_them_down():
     advantages = torch.zeros(8, 4)
     advantages[3] = 10.0
     torch.manual_seed(0)
-    hits = sum(3 in exp.sample_prioritized(advantages, 0.0)[0].tolist() for _ in range(50))
+    probs = exp.segment_probs(advantages)
+    hits = sum(3 in exp.sample_prioritized(probs, 0.0)[0].tolist() for _ in range(50))
     assert hits == 50
-    idx, weights = exp.sample_prioritized(advantages, 1.0)
+    idx, weights = exp.sample_prioritized(probs, 1.0)
     assert weights.shape == (2, 1) and float(weights.max()) <= 1.0 + 1e-6
     heavy = weights[(idx == 3).nonzero()[0, 0], 0]
     assert heavy < weights.max() or torch.all(idx == 3)

@@ -99,19 +99,25 @@ class Experience:
             self._t = 0
             self._pass += 1
 
-    def sample_prioritized(self, advantages: torch.Tensor, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one minibatch of segments with probability proportional to (sum_t |A|) ** alpha.
+    def segment_probs(self, advantages: torch.Tensor) -> torch.Tensor:
+        """Sampling probability of each segment, proportional to (sum_t |A|) ** alpha: float32 [segments].
+
+        Computed once per update epoch (the advantages change only between epochs), then sampled per minibatch.
+        """
+        priority = advantages.abs().sum(dim=1).nan_to_num_(0.0).pow(self.prio_alpha) + 1e-6
+        return priority / priority.sum()
+
+    def sample_prioritized(self, probs: torch.Tensor, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one minibatch of segments from ``segment_probs``.
 
         Args:
-            advantages: float32 [segments, T].
+            probs: float32 [segments], from ``segment_probs``.
             progress: fraction of training done, anneals beta from ``prio_beta0`` to 1.
 
         Returns:
             (idx int64 [minibatch_segments], weights float32 [minibatch_segments, 1]) with importance weights
             normalised so their maximum over the buffer is 1.
         """
-        priority = advantages.abs().sum(dim=1).nan_to_num_(0.0).pow(self.prio_alpha) + 1e-6
-        probs = priority / priority.sum()
         idx = torch.multinomial(probs, self.minibatch_segments, replacement=False)
         beta = self.prio_beta0 + (1.0 - self.prio_beta0) * min(max(progress, 0.0), 1.0)
         weights = (self.segments * probs[idx]).pow(-beta)

@@ -62,10 +62,12 @@ class Learner:
         for _ in range(self.update_epochs):
             with sw.time("train.advantage"):
                 advantages = self._advantages(buffer)
+                if exp.sampling == "prioritized":
+                    probs = exp.segment_probs(advantages)
             for mb_index in range(exp.num_minibatches):
                 with sw.time("train.sample"):
                     if exp.sampling == "prioritized":
-                        idx, weights = exp.sample_prioritized(advantages, progress.fraction)
+                        idx, weights = exp.sample_prioritized(probs, progress.fraction)
                         weights = weights.expand_as(self._ones)
                     else:
                         idx, weights = exp.slices[mb_index], self._ones
