@@ -86,11 +86,12 @@ class Setup:
 
         step[keys.DONES] = torch.zeros(n, device=device)
         state = policy.initial_state(n, device)
+        forward = self.trainer.rollout.forward  # the policy, or its CUDA graph under system.cuda_graphs
         with torch.no_grad():
             policy.eval()
             start = time.perf_counter()
             for _ in range(steps):
-                state = next_state(policy(rollout_input(step, state)), state)
+                state = next_state(forward(rollout_input(step, state)), state)
             sync(device)
             inference_sps = steps * n / (time.perf_counter() - start)
 

@@ -70,6 +70,7 @@ def build_trainer(cfg: DictConfig, parts: Parts, **extra):
         losses=parts.losses,
         experience=parts.experience,
         optimizer=parts.optimizer,
+        cuda_graphs=parts.system.cuda_graphs,
         **extra,
     )
 

@@ -3,7 +3,10 @@
 import pytest
 import torch
 
+from machina import keys
 from machina.build import build, build_trainer
+from machina.policy.inputs import rollout_input
+from machina.training.cuda_graph import GraphedForward
 from tests.conftest import compose_config
 from tests.test_train import TINY
 
@@ -27,3 +30,40 @@ def test_rollout_and_update_never_sync_on_cuda(losses):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_cuda_graph_forward_matches_eager_and_follows_weight_updates():
+    cfg = compose_config([*TINY, "system.device=cuda", "system.cuda_graphs=true"])
+    parts = build(cfg)
+    trainer = build_trainer(cfg, parts, sinks=[])
+    policy, rollout = parts.policy, trainer.rollout
+    assert isinstance(rollout.forward, GraphedForward)
+    policy.eval()
+    step = rollout.step_td
+    for _ in range(2):  # the first call captures, the second replays
+        with torch.no_grad():
+            graphed = rollout.forward(rollout_input(step, rollout.state))
+            eager = policy(rollout_input(step, rollout.state))
+        for key in (keys.VALUES, keys.NEXT_HIDDEN, keys.NEXT_CELL):
+            torch.testing.assert_close(graphed[key], eager[key])
+        with torch.no_grad():  # an in-place update, as the optimizer makes: the replay must read it
+            for param in policy.parameters():
+                param.mul_(0.5)
+    kept = rollout.forward(rollout_input(step, rollout.state))[keys.VALUES]
+    copy = kept.clone()
+    rollout.forward(rollout_input(step, rollout.state))
+    torch.testing.assert_close(kept, copy)  # returned outputs are not the graph's static memory
+
+
+def test_rollout_with_cuda_graphs_never_syncs():
+    cfg = compose_config([*TINY, "losses=[ppo,supervisor]", "system.device=cuda", "system.cuda_graphs=true"])
+    trainer = build_trainer(cfg, build(cfg), sinks=[])
+    trainer.rollout.run(trainer.progress)  # captures
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trainer.rollout.run(trainer.progress)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert torch.isfinite(trainer.experience.buffer[keys.VALUES]).all()

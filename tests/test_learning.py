@@ -7,6 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from machina import keys
+from machina.build import build, build_trainer
 from machina.evaluation import Evaluator
 from machina.policy.io import load_policy
 from tests.conftest import compose_config, run_train
@@ -53,3 +55,23 @@ def test_cloning_the_teacher_raises_agreement(tmp_path):
     agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
     assert sum(agreement[-3:]) / 3 > agreement[0] + 0.05
     assert rows[-1]["losses/supervisor/supervised_loss"] < rows[0]["losses/supervisor/supervised_loss"]
+
+
+def test_cloning_learns_from_observations_not_only_the_action_marginal():
+    """Regression: with a 0.01-std actor head behind the LSTM, cloning fitted the teacher's action marginal by
+    saturating the LSTM gates and then stalled near it (agreement about the most common action's share), even
+    when training again and again on one buffer. On one teacher-led buffer it must now get well past that share."""
+    overrides = [*SMALL, "losses=[supervisor]", "losses.supervisor.teacher_led_proportion=1.0"]
+    overrides += ["env.num_envs=16", "experience.batch_size=2048", "experience.minibatch_size=512"]
+    cfg = compose_config(overrides)
+    parts = build(cfg)
+    trainer = build_trainer(cfg, parts, sinks=[])
+    trainer.rollout.run(trainer.progress)
+    teacher = parts.experience.buffer[keys.TEACHER_ACTIONS]
+    majority = torch.bincount(teacher.flatten()).max().item() / teacher.numel()
+    for _ in range(40):
+        trainer.learner.pop_metrics()
+        trainer.learner.run(trainer.progress)
+    agreement = trainer.learner.pop_metrics()["losses/supervisor/teacher_agreement"].item()  # of the last pass
+    print(f"agreement {agreement:.3f}, majority share {majority:.3f}")
+    assert agreement > majority + 0.3, (agreement, majority)

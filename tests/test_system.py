@@ -63,6 +63,12 @@ def test_device_auto_and_errors():
             resolve_device("cuda")
 
 
+def test_cuda_graphs_refused_off_cuda():
+    with pytest.raises(ConfigError, match="cuda_graphs=true captures CUDA graphs, but system.device resolved to cpu"):
+        System(device="cpu", cuda_graphs=True)
+    assert System(device="cpu", cuda_graphs=False).cuda_graphs is False
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [({"seed": -1}, "system.seed"), ({"threads": -2}, "system.threads")])
 def test_bad_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):

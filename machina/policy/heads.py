@@ -10,14 +10,22 @@ from machina.policy.layers import mlp
 
 
 class ActorHead(Component):
-    """``CORE`` [N, H] -> ``LOGITS`` [N, A]; output layer init std 0.01: the first policy is near uniform."""
+    """``CORE`` [N, H] -> ``LOGITS`` [N, A]; the output layer is initialised orthogonal with gain ``out_std``.
+
+    Why 1.0 and not CleanRL's 0.01: behind an LSTM, a 0.01 head passes the core gradients 100x smaller than its own,
+    and Adam scales every parameter's step to the learning rate regardless, so the many core parameters move
+    together to express the action marginal (cloning the teacher first learns "never vibe") by saturating the LSTM
+    gates, before the head's weights have grown. A saturated core outputs the same vector for every observation and
+    passes no gradient: cloning then stalled at the teacher's action marginal (agreement 0.28, loss 1.45 nats, even
+    on one fixed buffer). With 1.0 agreement climbs past 0.56 in 1M agent steps, and PPO alone learns as fast.
+    """
 
     in_keys = (CORE,)
     out_keys = (LOGITS,)
 
-    def __init__(self, dims: PolicyDims, hidden: Sequence[int] = ()) -> None:
+    def __init__(self, dims: PolicyDims, hidden: Sequence[int] = (), out_std: float = 1.0) -> None:
         super().__init__()
-        self.net = mlp(dims.widths[CORE], hidden, dims.num_actions, out_std=0.01)
+        self.net = mlp(dims.widths[CORE], hidden, dims.num_actions, out_std=out_std)
         self.out_widths = {LOGITS: dims.num_actions}
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:

@@ -14,6 +14,7 @@ from machina import keys
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import next_state, rollout_input
+from machina.training.cuda_graph import GraphedForward
 from machina.training.experience import Experience
 
 
@@ -25,9 +26,18 @@ class Rollout:
         policy: the component policy; called with batch [N, 1].
         losses: enabled losses, in order; their rollout hooks run after the policy.
         experience: the buffer to fill.
+        cuda_graphs: run the policy's forward through a CUDA graph captured at the first step (``cuda_graph.py``).
     """
 
-    def __init__(self, env, policy: nn.Module, losses: dict[str, Loss], experience: Experience, stopwatch: Stopwatch):
+    def __init__(
+        self,
+        env,
+        policy: nn.Module,
+        losses: dict[str, Loss],
+        experience: Experience,
+        stopwatch: Stopwatch,
+        cuda_graphs: bool = False,
+    ):
         self.env, self.policy, self.losses, self.experience, self.stopwatch = env, policy, losses, experience, stopwatch
         self.device = experience.device
         self.num_agents = env.spec.num_agents
@@ -35,6 +45,11 @@ class Rollout:
         self.state = policy.initial_state(self.num_agents, self.device)
         # Policy outputs that rollout hooks and the buffer may read.
         self.policy_keys = (keys.ACTIONS, keys.ACT_LOG_PROB, keys.VALUES, keys.FULL_LOG_PROBS)
+        # The rollout forward: input batch [N] with T = 1 -> outputs including the next state.
+        if cuda_graphs:
+            self.forward = GraphedForward(policy, keep=(*self.policy_keys, *keys.NEXT_STATE.values()))
+        else:
+            self.forward = policy
 
     @torch.no_grad()
     def run(self, progress: Progress) -> int:
@@ -47,7 +62,7 @@ class Rollout:
         while not exp.full:
             step = self.step_td
             with sw.time("rollout.inference"):
-                out = self.policy(rollout_input(step, self.state))
+                out = self.forward(rollout_input(step, self.state))
                 for key in self.policy_keys:
                     if key in out.keys():
                         step[key] = out[key].squeeze(1)

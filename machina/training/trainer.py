@@ -45,6 +45,7 @@ class Trainer:
         sinks: objects with ``log(dict)``, ``close()``.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
+        cuda_graphs: replay the rollout forward as a CUDA graph (``system.cuda_graphs``, passed by ``build_trainer``).
 
     Stops: a non-finite loss raises ``TrainingStopped`` at the end of its epoch, before that epoch is logged or
     checkpointed, so the last good checkpoint is the newest. SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
@@ -73,6 +74,7 @@ class Trainer:
         replay_interval: int = 0,
         checkpointer: Checkpointer | None = None,
         evaluator: PeriodicEval | None = None,
+        cuda_graphs: bool = False,
     ):
         check_counts(
             total_timesteps=(total_timesteps, 1),
@@ -92,7 +94,7 @@ class Trainer:
         self.env, self.policy, self.losses, self.experience = env, policy, losses, experience
         self.optimizer, self.sinks = optimizer, sinks
         self.stopwatch = Stopwatch()
-        self.rollout = Rollout(env, policy, losses, experience, self.stopwatch)
+        self.rollout = Rollout(env, policy, losses, experience, self.stopwatch, cuda_graphs)
         self.learner = Learner(
             policy,
             losses,

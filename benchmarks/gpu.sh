@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU checks and numbers for BENCHMARKS.md, as one script for a machine with one CUDA GPU (sized for an H200).
+#
+#   bash benchmarks/gpu.sh fetch   # here, with network: wheels for a python3.12 GPU box that has torch but not
+#                                  # machina's other requirements, into .whl/ (git-ignored)
+#   bash benchmarks/gpu.sh run     # there: install .whl/ if present, run tests/test_gpu.py, then the benchmarks
+#
+# `run` writes every result to ${OUT:-gpu_results}/: pytest's log and one JSON line per benchmark (bench.jsonl).
+# It takes about 8 minutes on an H200: the no-sync and CUDA-graph tests, then end-to-end training SPS of
+# policy=fast and policy=vit at batches that fill the GPU, with system.cuda_graphs and system.compile compared
+# side by side.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Versions that work beside torch 2.11+ (tensordict 0.15 needs torch >= 2.11); wandb for the tests' reader.
+WHEELS=(tensordict==0.15.3 pyvers==0.2.2 orjson==3.11.4 cloudpickle==3.1.2 importlib_metadata==8.7.0 zipp==3.23.0
+  hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 wandb==0.31.0)
+
+case "${1:-}" in
+fetch)
+  mkdir -p .whl
+  for wheel in "${WHEELS[@]}"; do
+    python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .whl "$wheel" ||
+      python3 -m pip download -q --no-deps -d .whl "$wheel" # pure-Python packages ship as sdists only
+  done
+  du -sh .whl
+  ;;
+run)
+  out="${OUT:-gpu_results}"
+  mkdir -p "$out"
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site .whl/*
+    export PYTHONPATH="/tmp/site:$PWD"
+  fi
+  export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$out/gpu.txt"
+  python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/test_gpu.log" || true
+
+  bench() { timeout 300 python3 -m machina.bench --json "$@" 2>&1 | tee -a "$out/bench.log" | grep '^{' >>"$out/bench.jsonl" || true; }
+  fast=(system.device=cuda policy=fast env.num_envs=16384 experience.batch_size=2097152 experience.minibatch_size=262144)
+  vit=(system.device=cuda policy=vit env.num_envs=4096 experience.batch_size=524288 experience.minibatch_size=65536)
+  bench --epochs 3 "${fast[@]}"
+  bench --epochs 3 --compare system.cuda_graphs=false,true "${fast[@]}"
+  bench --epochs 2 --compare policy.action_probs.emit_full_log_probs=false,true env.num_vibes=152 "${fast[@]}"
+  bench --epochs 2 --compare system.torch_deterministic=false,true "${fast[@]}"
+  bench --epochs 3 "${vit[@]}"
+  bench --epochs 3 --compare system.cuda_graphs=false,true "${vit[@]}"
+  bench --epochs 2 --compare system.compile=false,true "${vit[@]}"
+  ;;
+*)
+  echo "usage: bash benchmarks/gpu.sh fetch|run" >&2
+  exit 2
+  ;;
+esac
