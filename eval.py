@@ -60,6 +60,7 @@ def evaluate(cfg: DictConfig, out_dir: Path) -> None:
     for name, row in rows.items():
         cells = [f"{row[c]:.3f} +- {row[c + '_std']:.3f}" for c in COLUMNS]
         log.info("%-8s" + "%22s" * len(COLUMNS), name, *cells)
+    log.info("policy's agreement with the teacher (most likely action): %.3f", rows["policy"]["teacher_agreement"])
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"checkpoint": str(path), "episodes": cfg.episodes, "greedy": cfg.greedy, "seed": cfg.seed, **rows}
     (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -53,16 +53,31 @@ class SyncedEnv(Machina1Env):
 
 class PolicyActor:
     """Acts with ``policy`` for ``num_agents`` agents, carrying each agent's recurrent state between calls.
-    ``greedy`` takes the argmax of the logits; otherwise actions are sampled (from the global torch RNG)."""
+    ``greedy`` takes the argmax of the logits; otherwise actions are sampled (from the global torch RNG).
+
+    Where the step carries ``TEACHER_ACTIONS``, it also counts the steps whose most likely action is the teacher's
+    (the training metric ``teacher_agreement``, measured here on the policy's own episodes).
+    """
 
     def __init__(self, policy: nn.Module, num_agents: int, greedy: bool):
         self.policy, self.greedy = policy, greedy
-        self.state = policy.initial_state(num_agents, next(policy.parameters()).device)
+        device = next(policy.parameters()).device
+        self.state = policy.initial_state(num_agents, device)
+        self.agreed = torch.zeros((), device=device)
+        self.compared = 0
 
     def __call__(self, step: TensorDict) -> torch.Tensor:
         out = self.policy(rollout_input(step, self.state))
         self.state = next_state(out, self.state)
-        return (out[keys.LOGITS].argmax(-1) if self.greedy else out[keys.ACTIONS]).squeeze(1)
+        likeliest = out[keys.LOGITS].argmax(-1).squeeze(1)
+        if keys.TEACHER_ACTIONS in step.keys():
+            self.agreed += (likeliest == step[keys.TEACHER_ACTIONS]).sum()
+            self.compared += likeliest.numel()
+        return likeliest if self.greedy else out[keys.ACTIONS].squeeze(1)
+
+    def agreement(self) -> float:
+        """Share of the compared agent-steps where the policy's most likely action was the teacher's."""
+        return self.agreed.item() / max(self.compared, 1)
 
 
 def teacher_actor(step: TensorDict) -> torch.Tensor:
@@ -145,7 +160,8 @@ class Evaluator:
     @torch.no_grad()
     def evaluate(self, policy: nn.Module) -> dict[str, float]:
         """Mean and spread of the policy's episodes: ``eval/return`` (per agent), ``eval/hearts_made``,
-        ``eval/hearts_deposited``, ``eval/resources_gathered`` (per env), ``eval/length``, each with ``_std``."""
+        ``eval/hearts_deposited``, ``eval/resources_gathered`` (per env), ``eval/length``, each with ``_std``, and
+        ``eval/teacher_agreement`` (share of its agent-steps whose most likely action is the teacher's)."""
         return {f"eval/{k}": v for k, v in self._policy_row(policy).items()}
 
     @torch.no_grad()
@@ -160,9 +176,12 @@ class Evaluator:
         }
 
     def _policy_row(self, policy: nn.Module) -> dict[str, float]:
-        env = self.make_env()
+        env = self.make_env(teacher=True)
+        actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         with forked_rng(self.seed, self.device):
-            return self._run(env, PolicyActor(policy, env.spec.num_agents, self.greedy))
+            row = self._run(env, actor)
+        row["teacher_agreement"] = actor.agreement()
+        return row
 
     def _run(self, env: SyncedEnv, actor: Actor) -> dict[str, float]:
         for _ in play(env, actor, env.max_steps):

@@ -11,8 +11,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from PIL import Image
 
+from machina import keys
 from machina.errors import ConfigError
-from machina.evaluation import Evaluator
+from machina.evaluation import Evaluator, PolicyActor
 from machina.policy.io import policy_payload
 from machina.replay import record_replay, save_gif
 from tests.conftest import ROOT, compose_config, run_train
@@ -45,6 +46,27 @@ def test_evaluation_is_reproducible_and_the_teacher_beats_random(tiny):
     assert metrics == {f"eval/{k}": v for k, v in first["policy"].items()}
     greedy = Evaluator(evaluator.settings, episodes=8, greedy=True, seed=3).evaluate(policy)
     assert greedy["eval/episodes"] == 8 and greedy != metrics
+
+
+def test_policy_actor_counts_agreement_with_the_teacher(tiny):
+    _, evaluator, policy = tiny
+    env = evaluator.make_env(teacher=True)
+    step = env.observe()
+    step[keys.DONES] = torch.ones(env.spec.num_agents)
+    n = env.spec.num_agents
+    with torch.no_grad():
+        actor = PolicyActor(policy, n, greedy=True)
+        likeliest = actor(step)  # greedy: the most likely actions
+        actor(step.exclude(keys.TEACHER_ACTIONS))  # no teacher in the step: not counted
+        expected = (likeliest == step[keys.TEACHER_ACTIONS]).sum().item() / n
+        assert actor.compared == n and actor.agreement() == pytest.approx(expected)
+        assert expected < 1.0  # an untrained policy does not play the teacher
+
+        fresh = PolicyActor(policy, n, greedy=True)  # same state and step -> the same argmax
+        fresh(step.clone().set(keys.TEACHER_ACTIONS, likeliest))
+        assert fresh.agreement() == 1.0
+    metrics = evaluator.evaluate(policy)
+    assert 0.0 <= metrics["eval/teacher_agreement"] <= 1.0
 
 
 def test_a_policy_for_other_observations_is_refused(tiny):
