@@ -51,8 +51,11 @@ def test_cuda_graph_forward_matches_eager_and_follows_weight_updates():
                 param.mul_(0.5)
     kept = rollout.forward(rollout_input(step, rollout.state))[keys.VALUES]
     copy = kept.clone()
-    rollout.forward(rollout_input(step, rollout.state))
-    torch.testing.assert_close(kept, copy)  # returned outputs are not the graph's static memory
+    other_state = rollout.state.clone().apply_(lambda x: x.fill_(0.5))
+    step = step.clone().set(keys.DONES, torch.zeros_like(step[keys.DONES]))  # keep the other state, do not reset it
+    other = rollout.forward(rollout_input(step, other_state))[keys.VALUES]
+    assert not torch.equal(other, copy)  # the replay computed something else...
+    torch.testing.assert_close(kept, copy)  # ...and the earlier outputs are not the graph's static memory
 
 
 def test_rollout_with_cuda_graphs_never_syncs():

@@ -47,11 +47,12 @@ class GraphedForward:
         return self.static_out.select(*self.keep, strict=False).clone()
 
     def _capture(self, td: TensorDict) -> None:
-        if td.device is None or td.device.type != "cuda":
-            raise RuntimeError(f"CUDA-graph capture needs inputs on a CUDA device, got {td.device}")
+        device = next(self.policy.parameters()).device  # rollout inputs carry no TensorDict device of their own
+        if device.type != "cuda":
+            raise RuntimeError(f"CUDA-graph capture needs a policy on a CUDA device, got {device}")
         self.static_in = td.clone()
-        current = torch.cuda.current_stream(td.device)
-        side = torch.cuda.Stream(td.device)
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
