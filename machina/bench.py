@@ -84,7 +84,7 @@ class Setup:
         sync(device)
         env_sps = steps * n / (time.perf_counter() - start)
 
-        step[keys.DONES] = torch.zeros(n, device=device)
+        step[keys.EPISODE_START] = torch.zeros(n, device=device)
         state = policy.initial_state(n, device)
         forward = self.trainer.rollout.forward  # the policy, or its CUDA graph under system.cuda_graphs
         with torch.no_grad():

@@ -26,7 +26,7 @@ EPISODE_COLUMNS = ("return", "length", "hearts_made", "hearts_deposited", "resou
 # Set by the Evaluator itself, not taken from the env settings it is given.
 OWN_SETTINGS = ("_target_", "num_envs", "seed", "device", "teacher")
 
-Actor = Callable[[TensorDict], torch.Tensor]  # a step TensorDict [N] (OBS, DONES, ...) -> int64 actions [N]
+Actor = Callable[[TensorDict], torch.Tensor]  # a step TensorDict [N] (OBS, EPISODE_START, ...) -> int64 actions [N]
 
 
 class SyncedEnv(Machina1Env):
@@ -94,13 +94,14 @@ def random_actor(num_actions: int, generator: torch.Generator) -> Actor:
 
 def play(env, actor: Actor, steps: int) -> Iterator[TensorDict]:
     """Step ``env`` from its current state ``steps`` times with ``actor``'s actions; yield each step TensorDict [N]
-    before it is acted on (a fresh SyncedEnv shows t = 0 .. steps - 1). ``DONES`` is set as the trainer sets it."""
+    before it is acted on (a fresh SyncedEnv shows t = 0 .. steps - 1). ``EPISODE_START`` is set as the trainer
+    sets it."""
     step = env.observe()
-    step[keys.DONES] = torch.ones(env.spec.num_agents, device=env.device)
+    step[keys.EPISODE_START] = torch.ones(env.spec.num_agents, device=env.device)
     for _ in range(steps):
         yield step
         step = env.step(actor(step))
-        step[keys.DONES] = (step[keys.TERMINATED] | step[keys.TRUNCATED]).float()
+        step[keys.EPISODE_START] = (step[keys.TERMINATED] | step[keys.TRUNCATED]).float()
 
 
 @contextmanager

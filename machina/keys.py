@@ -10,9 +10,13 @@ REWARDS = "rewards"  # float32 [N]: reward received for the previous action
 TERMINATED = "terminated"  # bool [N]
 TRUNCATED = "truncated"  # bool [N]
 TEACHER_ACTIONS = "teacher_actions"  # int64 [N]: the scripted teacher's action for this observation
+# Only from envs whose observation carries no time (``EnvSpec.observes_time`` False), only on steps where some
+# episode was truncated: [N, *obs] the observation each truncated agent would have seen next (before the reset).
+FINAL_OBS = "final_obs"
 
 # Written by the trainer into each rollout step.
-DONES = "dones"  # float32 [N]: 1 where this observation starts a new episode (previous step ended one)
+EPISODE_START = "episode_start"  # float32 [N]: 1 where this observation is the first of an episode
+FINAL_VALUES = "final_values"  # float32 [N]: V(FINAL_OBS) where this step's action was truncated, else 0
 
 # Policy inputs / outputs.
 ACTIONS = "actions"  # int64 [N]: sampled at rollout, evaluated in training

@@ -33,9 +33,9 @@ TINY = [
     f"experience.batch_size={EPOCH}",
     "experience.bptt_horizon=16",
     "experience.minibatch_size=256",
-    "policy.components.0.embed_dim=32",
-    "policy.components.0.hidden=32",
-    "policy.components.1.hidden_size=32",
+    "policy.encoder.embed_dim=32",
+    "policy.encoder.hidden=32",
+    "policy.core.hidden_size=32",
     "system.torch_deterministic=true",
     "trainer.checkpoint_interval=1",
     "wandb=disabled",
@@ -230,7 +230,7 @@ def test_bad_settings_are_refused_with_the_setting_named(tmp_path, overrides, ex
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["policy.components.1.hidden_size=16"], "policy.components[1].hidden_size: 32 -> 16"),
+        (["policy.core.hidden_size=16"], "policy.core.hidden_size: 32 -> 16"),
         (["env.num_vibes=4", "losses.eer_kickstarter.enabled=false"], "has a policy with 21 actions but the env has 9"),
         (["env.num_envs=4", "experience.batch_size=256"], "env.num_envs: 8 -> 4"),
     ],

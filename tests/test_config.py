@@ -33,7 +33,7 @@ def test_defaults_are_the_machina_1_recipe():
     assert list(cfg.losses) == ["ppo"]
     assert cfg.system.torch_deterministic is False  # the preset wins over conf/system/default.yaml
     assert cfg.policy.action_probs.emit_full_log_probs is False
-    assert cfg.policy.components[0]._target_.endswith("TokenBagEncoder")  # policy=fast
+    assert cfg.policy.encoder._target_.endswith("TokenBagEncoder")  # policy=fast
 
 
 def test_command_line_beats_the_preset():

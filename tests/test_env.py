@@ -228,3 +228,19 @@ def test_render_ascii_frame_and_png(tmp_path):
     assert (frame[0, 0] != frame[8 + 4, 8 * 5 + 4]).any()  # wall and floor differ
     save_png(frame, str(tmp_path / "f.png"))
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_obs_specs_round_trip_through_plain_data_and_refuse_anything_else():
+    from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spec_to_dict
+
+    tokens = ObsSpec(max_tokens=8, window=11, feature_names=("a", "b"), feature_norms=(1.0, 2.0))
+    for spec in (tokens, VectorObsSpec(size=4)):
+        assert obs_spec_from_dict(obs_spec_to_dict(spec)) == spec
+    for bad in (
+        {"kind": "pickle", "size": 4},
+        {"kind": "vector", "size": 4, "extra": 1},
+        {"kind": "vector", "size": {"_target_": "os.system"}},
+        {"kind": "tokens", "max_tokens": 8, "window": 11, "feature_names": [["x"]], "feature_norms": [1.0]},
+    ):
+        with pytest.raises(ValueError, match="obs_spec"):
+            obs_spec_from_dict(bad)

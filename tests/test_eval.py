@@ -52,7 +52,7 @@ def test_policy_actor_counts_agreement_with_the_teacher(tiny):
     _, evaluator, policy = tiny
     env = evaluator.make_env(teacher=True)
     step = env.observe()
-    step[keys.DONES] = torch.ones(env.spec.num_agents)
+    step[keys.EPISODE_START] = torch.ones(env.spec.num_agents)
     n = env.spec.num_agents
     with torch.no_grad():
         actor = PolicyActor(policy, n, greedy=True)

@@ -54,7 +54,8 @@ def test_cuda_graph_forward_matches_eager_and_follows_weight_updates():
     kept = rollout.forward(rollout_input(step, rollout.state))[keys.VALUES]
     copy = kept.clone()
     other_state = rollout.state.clone().apply_(lambda x: x.fill_(0.5))
-    step = step.clone().set(keys.DONES, torch.zeros_like(step[keys.DONES]))  # keep the other state, do not reset it
+    # Keep the other state, do not reset it.
+    step = step.clone().set(keys.EPISODE_START, torch.zeros_like(step[keys.EPISODE_START]))
     other = rollout.forward(rollout_input(step, other_state))[keys.VALUES]
     assert not torch.equal(other, copy)  # the replay computed something else...
     torch.testing.assert_close(kept, copy)  # ...and the earlier outputs are not the graph's static memory

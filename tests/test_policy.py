@@ -14,8 +14,8 @@ from machina.keys import (
     ACT_LOG_PROB,
     ACTIONS,
     CELL,
-    DONES,
     ENTROPY,
+    EPISODE_START,
     FULL_LOG_PROBS,
     HIDDEN,
     LOGITS,
@@ -58,7 +58,7 @@ def random_obs(batch: int, steps: int, tokens: int = SPEC.max_tokens) -> torch.T
 
 def sequence_td(policy, obs, dones, state=None, actions=None) -> TensorDict:
     batch = obs.shape[0]
-    td = TensorDict({OBS: obs, DONES: dones}, batch_size=[batch])
+    td = TensorDict({OBS: obs, EPISODE_START: dones}, batch_size=[batch])
     td.update(policy.initial_state(batch, "cpu") if state is None else state)
     if actions is not None:
         td[ACTIONS] = actions
@@ -101,12 +101,12 @@ def test_state_and_experience_spec(name):
     state = policy.initial_state(5, "cpu")
     assert state.batch_size == torch.Size([5])
     for key in policy.state_keys:
-        assert state[key].shape == (5, policy.hidden_size)
+        assert state[key].shape == (5, policy.state_widths[HIDDEN])
         assert state[key].dtype == torch.float32
         assert not state[key].any()
     spec = policy.experience_spec()
     assert spec[OBS] == ((SPEC.max_tokens, 3), torch.uint8)
-    assert spec[DONES] == ((), torch.float32)
+    assert spec[EPISODE_START] == ((), torch.float32)
     assert spec[ACTIONS] == ((), torch.int64)
 
 
@@ -114,7 +114,7 @@ def test_state_and_experience_spec(name):
 @pytest.mark.parametrize("name", POLICIES)
 def test_rollout_outputs(name, emit):
     policy = make_policy(name, emit)
-    batch, hidden = 6, policy.hidden_size
+    batch, hidden = 6, policy.state_widths[HIDDEN]
     with torch.no_grad():
         td = policy(sequence_td(policy, random_obs(batch, 1), torch.zeros(batch, 1)))
     assert td[ACTIONS].shape == (batch, 1) and td[ACTIONS].dtype == torch.int64
@@ -144,7 +144,7 @@ def test_training_outputs(name, emit):
         assert td[key].shape == (batch, steps) and td[key].dtype == torch.float32
     assert (td[ENTROPY] > 0).all() and (td[ACT_LOG_PROB] < 0).all()
     for key in (NEXT_HIDDEN, NEXT_CELL):
-        assert td[key].shape == (batch, policy.hidden_size)
+        assert td[key].shape == (batch, policy.state_widths[HIDDEN])
     assert (FULL_LOG_PROBS in td) == emit
     if emit:
         assert td[FULL_LOG_PROBS].shape == (batch, steps, NUM_ACTIONS)
@@ -266,3 +266,28 @@ def test_output_keys_follow_the_emit_flag(name):
     assert FULL_LOG_PROBS not in policy.output_keys()
     policy.action_probs.emit_full_log_probs = True
     assert FULL_LOG_PROBS in policy.output_keys()
+
+
+@pytest.mark.parametrize("core", [None, "none"])
+def test_policy_without_a_core_is_feed_forward(core):
+    cfg = OmegaConf.load(CONF / "fast.yaml")
+    cfg.action_probs.emit_full_log_probs = False
+    cfg.core = core
+    policy = hydra.utils.instantiate(cfg, obs_spec=SPEC, num_actions=NUM_ACTIONS)
+    assert policy.state_keys == () and not policy.recurrent
+    assert EPISODE_START not in policy.experience_spec()
+    obs = random_obs(3, 4)
+    actions = torch.randint(0, NUM_ACTIONS, (3, 4))
+    td = policy(TensorDict({OBS: obs, ACTIONS: actions}, batch_size=[3]))
+    assert td[VALUES].shape == (3, 4) and NEXT_HIDDEN not in td
+    # Without state, each step's output depends on its own observation only.
+    alone = policy(TensorDict({OBS: obs[:, 2:3], ACTIONS: actions[:, 2:3]}, batch_size=[3]))
+    torch.testing.assert_close(alone[ACT_LOG_PROB], td[ACT_LOG_PROB][:, 2:3])
+
+
+def test_a_component_reading_a_key_nobody_writes_is_refused():
+    cfg = OmegaConf.load(CONF / "fast.yaml")
+    cfg.action_probs.emit_full_log_probs = False
+    cfg.encoder = cfg.actor  # the actor head reads CORE, which nothing before it writes
+    with pytest.raises(Exception, match="reads \\['core'\\], which no component before it writes"):
+        hydra.utils.instantiate(cfg, obs_spec=SPEC, num_actions=NUM_ACTIONS)

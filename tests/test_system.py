@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from machina import keys
 from machina.errors import ConfigError
 from machina.system import System, resolve_device
 
@@ -92,7 +93,7 @@ def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     assert set(compiled.state_dict()) == set(eager.state_dict())
     eager.load_state_dict(compiled.state_dict())
     step = env.reset()
-    step["dones"] = torch.ones(env.num_agents)
+    step[keys.EPISODE_START] = torch.ones(env.num_agents)
     state = eager.initial_state(env.num_agents, "cpu")
     with torch.no_grad():
         a = eager(rollout_input(step, state))["values"]

@@ -120,9 +120,9 @@ class Machina1Env:
         actions = ("noop", "move_north", "move_east", "move_south", "move_west")
         actions += tuple(f"vibe_{v}" for v in range(num_vibes))
         self.num_actions = len(actions)
-        self.spec = EnvSpec(
-            num_envs, agents_per_env, self.num_actions, ObsSpec(max_tokens, WINDOW, names, norms), actions, teacher
-        )
+        # The episode_progress token tells the policy how far the episode is: a time-limit end is observed.
+        obs_spec = ObsSpec(max_tokens, WINDOW, names, norms)
+        self.spec = EnvSpec(num_envs, agents_per_env, self.num_actions, obs_spec, actions, teacher, observes_time=True)
 
         dev, e, a, p = self.device, num_envs, agents_per_env, self.geom.cells
         self.deltas = self.geom.move_deltas(dev)

@@ -79,7 +79,10 @@ class MettaGridArenaEnv:
         names, norms = game.feature_table(cfg)
         actions = game.action_names(cfg)
         obs_spec = ObsSpec(max_tokens, window, names, norms)
-        self.spec = EnvSpec(num_envs, agents_per_env, len(actions), obs_spec, actions, provides_teacher=False)
+        # Staggered first episodes end early and the observation carries no step counter: truncations are bootstrapped.
+        self.spec = EnvSpec(
+            num_envs, agents_per_env, len(actions), obs_spec, actions, provides_teacher=False, observes_time=False
+        )
         self.centre = (window // 2) << 4 | window // 2
         self.stat_keys = (game.HEART_STAT, game.ORE_STAT)
 

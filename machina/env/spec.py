@@ -1,6 +1,12 @@
-"""What an environment tells the rest of machina about itself: plain data, no tensors on a device."""
+"""What an environment tells the rest of machina about itself: plain data, no tensors on a device.
 
-from dataclasses import dataclass
+Two kinds of observations exist: token observations (``ObsSpec``: the built-in env and MettaGrid) and flat vectors
+(``VectorObsSpec``: Gymnasium ``Box`` spaces). Policies size their encoders from the spec, and policy files store it
+as plain data (``obs_spec_to_dict`` / ``obs_spec_from_dict``), so a file from elsewhere never names a class.
+"""
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -11,6 +17,8 @@ class ObsSpec:
     unused slots are padding tokens whose three bytes are ``PAD_TOKEN``. ``feature_names[i]`` names feature id i
     and ``feature_norms[i]`` is the value that maps it to about [0, 1]; policies size their embeddings from these.
     """
+
+    kind: ClassVar[str] = "tokens"
 
     max_tokens: int
     window: int
@@ -23,15 +31,58 @@ class ObsSpec:
 
 
 @dataclass(frozen=True)
+class VectorObsSpec:
+    """Flat float32 vector observations of ``size`` features per agent (a Gymnasium ``Box`` of rank 1)."""
+
+    kind: ClassVar[str] = "vector"
+
+    size: int
+
+
+OBS_SPECS = {spec.kind: spec for spec in (ObsSpec, VectorObsSpec)}
+
+
+def obs_spec_to_dict(spec: ObsSpec | VectorObsSpec) -> dict[str, Any]:
+    """Plain data: ``{"kind": ..., <fields>}`` (tuples become lists)."""
+    return {"kind": spec.kind, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}}
+
+
+def obs_spec_from_dict(data: dict[str, Any]) -> ObsSpec | VectorObsSpec:
+    """The inverse of ``obs_spec_to_dict``; ``ValueError`` naming the entry for anything but the known fields with
+    plain values (the dict may come from a file of unknown origin)."""
+    if not isinstance(data, dict) or data.get("kind") not in OBS_SPECS:
+        raise ValueError(f"obs_spec must be a dict with kind in {sorted(OBS_SPECS)}, got {data!r:.200}")
+    cls = OBS_SPECS[data["kind"]]
+    given = {k: v for k, v in data.items() if k != "kind"}
+    expected = {f.name for f in fields(cls)}
+    if set(given) != expected:
+        raise ValueError(
+            f"obs_spec of kind {data['kind']!r} must have the fields {sorted(expected)}, got {sorted(given)}"
+        )
+    for name, value in given.items():
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, int | float | str) and not isinstance(v, bool) for v in items):
+            raise ValueError(f"obs_spec.{name} must hold numbers or strings, got {value!r:.200}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+
+
+@dataclass(frozen=True)
 class EnvSpec:
-    """Shapes every env exposes: agents, observations, actions, and whether it provides teacher actions."""
+    """Shapes every env exposes: agents, observations, actions, and what the env provides.
+
+    ``provides_teacher``: the env can return ``TEACHER_ACTIONS`` (scripted teacher) with every step.
+    ``observes_time``: the observation carries the episode's progress, so an episode cut at a time limit is a
+    terminal state of the observed process and needs no bootstrap. When False, the env returns ``FINAL_OBS`` on
+    steps where an episode was truncated, and the trainer bootstraps the truncated step from its value.
+    """
 
     num_envs: int
     agents_per_env: int
     num_actions: int
-    obs: ObsSpec
+    obs: ObsSpec | VectorObsSpec
     action_names: tuple[str, ...]
     provides_teacher: bool
+    observes_time: bool
 
     @property
     def num_agents(self) -> int:

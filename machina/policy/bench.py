@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from machina.env.spec import PAD_TOKEN, ObsSpec
-from machina.keys import ACT_LOG_PROB, ACTIONS, DONES, ENTROPY, OBS, VALUES
+from machina.keys import ACT_LOG_PROB, ACTIONS, ENTROPY, EPISODE_START, OBS, VALUES
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "policy"
 
@@ -66,7 +66,9 @@ def seconds_per_call(fn: Callable[[], None], warmup: int, min_seconds: float) ->
 
 def bench_rollout(policy: torch.nn.Module, spec: ObsSpec, args: argparse.Namespace) -> dict:
     n = args.agents
-    td = TensorDict({OBS: synthetic_obs(spec, n, 1, args.real_fraction), DONES: torch.zeros(n, 1)}, batch_size=[n])
+    td = TensorDict(
+        {OBS: synthetic_obs(spec, n, 1, args.real_fraction), EPISODE_START: torch.zeros(n, 1)}, batch_size=[n]
+    )
     td.update(policy.initial_state(n, "cpu"))
 
     def step() -> None:
@@ -82,7 +84,7 @@ def bench_training(policy: torch.nn.Module, spec: ObsSpec, args: argparse.Namesp
     td = TensorDict(
         {
             OBS: synthetic_obs(spec, b, t, args.real_fraction),
-            DONES: (torch.rand(b, t) < 0.01).float(),
+            EPISODE_START: (torch.rand(b, t) < 0.01).float(),
             ACTIONS: torch.randint(0, num_actions, (b, t)),
         },
         batch_size=[b],

@@ -1,12 +1,15 @@
-"""The component policy: an ordered list of TensorDict components followed by ``ActionProbs``.
+"""The component policy: encoder -> core (optional) -> actor and critic heads -> ``ActionProbs``, each a TensorDict
+component.
 
 The policy is called on a TensorDict ``td`` with batch size ``[B]`` whose per-step keys carry a time dimension:
 
-- reads ``OBS`` uint8 [B, T, M, 3], ``DONES`` float32 [B, T], ``HIDDEN`` / ``CELL`` float32 [B, H] (state at the start
-  of the sequence) and, in training mode only, ``ACTIONS`` int64 [B, T];
+- reads ``OBS`` [B, T, *obs] (uint8 tokens [M, 3] or float32 vectors [D]), ``EPISODE_START`` float32 [B, T] (when
+  the core is recurrent), ``HIDDEN`` / ``CELL`` float32 [B, H] (state at the start of the sequence) and, in training
+  mode only, ``ACTIONS`` int64 [B, T];
 - writes ``LOGITS``, ``VALUES``, ``ACT_LOG_PROB``, ``ACTIONS`` (rollout) or ``ENTROPY`` (training), ``FULL_LOG_PROBS``
   (only when emitted) with shape [B, T, ...], the intermediates ``ENCODED`` / ``CORE`` [B, T, width], and
-  ``NEXT_HIDDEN`` / ``NEXT_CELL`` [B, H] (state after the last step).
+  ``NEXT_HIDDEN`` / ``NEXT_CELL`` [B, H] (state after the last step). Without a core the policy is feed-forward:
+  no state, and the encoder's ``ENCODED`` feeds the heads as ``CORE``.
 
 (A TensorDict cannot hold [B, H] state under a [B, T] batch size, hence batch [B]; a [B, T] TensorDict becomes one
 with ``td.batch_size = td.batch_size[:1]``.) The [B, T] -> [B*T] flattening happens once, here: every component
@@ -20,8 +23,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina.env.spec import ObsSpec
-from machina.keys import HIDDEN, OBS
+from machina.env.spec import ObsSpec, VectorObsSpec
+from machina.keys import ACTIONS, CORE, ENCODED, EPISODE_START, OBS
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -30,7 +33,7 @@ Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 class PolicyDims:
     """What a component needs to size itself: the env's shapes and the feature width of each key written so far."""
 
-    obs: ObsSpec
+    obs: ObsSpec | VectorObsSpec
     num_actions: int
     widths: Mapping[str, int]
 
@@ -38,10 +41,11 @@ class PolicyDims:
 class Component(nn.Module):
     """One step of the policy graph.
 
-    ``in_keys`` / ``out_keys`` name the keys it reads and writes; ``out_widths`` gives the feature width of each
-    per-step output (read by later components to size themselves); ``input_spec`` lists the per-step inputs that
-    must be stored in the experience buffer to re-run training, as ``key -> (shape per step, dtype)``;
-    ``state_widths`` lists the recurrent state keys it reads from the sequence TensorDict, with their widths.
+    ``in_keys`` / ``out_keys`` name the keys it reads and writes (``ComponentPolicy`` checks at construction that
+    every key a component reads is a policy input or written by a component before it); ``out_widths`` gives the
+    feature width of each per-step output (read by later components to size themselves); ``input_spec`` lists the
+    per-step inputs that must be stored in the experience buffer to re-run training, as ``key -> (shape per step,
+    dtype)``; ``state_widths`` lists the recurrent state keys it reads from the sequence TensorDict, with their widths.
     """
 
     in_keys: tuple[str, ...] = ()
@@ -58,48 +62,88 @@ class Component(nn.Module):
         raise NotImplementedError
 
 
-class ComponentPolicy(nn.Module):
-    """Runs ``components`` in order, then ``action_probs``; see the module docstring for the TensorDict contract.
+class Passthrough(Component):
+    """The core of a feed-forward policy: ``CORE`` is ``ENCODED`` (no state, no parameters)."""
 
-    ``components`` are factories (``functools.partial`` from Hydra's ``_partial_: true``) called with a
-    ``PolicyDims`` that holds the widths written by the components before them.
+    in_keys = (ENCODED,)
+    out_keys = (CORE,)
+
+    def __init__(self, dims: PolicyDims) -> None:
+        super().__init__()
+        self.out_widths = {CORE: dims.widths[ENCODED]}
+
+    def forward(self, step: TensorDict, seq: TensorDict) -> None:
+        step[CORE] = step[ENCODED]
+
+
+class ComponentPolicy(nn.Module):
+    """Runs ``encoder``, ``core``, ``actor``, ``critic``, then ``action_probs``; see the module docstring for the
+    TensorDict contract.
+
+    The four slots are factories (``functools.partial`` from Hydra's ``_partial_: true``) called in that order with a
+    ``PolicyDims`` that holds the widths written by the components before them. ``core`` may be None (or ``"none"``,
+    as typed on the command line: ``policy.core=none``) for a feed-forward policy.
     """
 
     def __init__(
         self,
-        obs_spec: ObsSpec,
+        obs_spec: ObsSpec | VectorObsSpec,
         num_actions: int,
-        components: Sequence[Callable[[PolicyDims], Component]],
+        encoder: Callable[[PolicyDims], Component],
+        core: Callable[[PolicyDims], Component] | str | None,
+        actor: Callable[[PolicyDims], Component],
+        critic: Callable[[PolicyDims], Component],
         action_probs: Component,
     ) -> None:
         super().__init__()
+        if isinstance(core, str):
+            if core.lower() != "none":
+                raise ValueError(f"policy.core must be a component or none, got {core!r}")
+            core = None
         widths: dict[str, int] = {}
-        built = []
-        for factory in components:
-            component = factory(PolicyDims(obs=obs_spec, num_actions=num_actions, widths=dict(widths)))
+
+        def make(slot: str, factory: Callable[[PolicyDims], Component]) -> Component:
+            try:
+                component = factory(PolicyDims(obs=obs_spec, num_actions=num_actions, widths=dict(widths)))
+            except KeyError as err:  # a width looked up in PolicyDims.widths
+                raise ValueError(
+                    f"policy.{slot} reads [{err.args[0]!r}], which no component before it writes"
+                ) from None
             widths.update(component.out_widths)
-            built.append(component)
-        self.components = nn.ModuleList(built)
+            return component
+
+        self.encoder = make("encoder", encoder)
+        self.core = make("core", core or Passthrough)
+        self.actor = make("actor", actor)
+        self.critic = make("critic", critic)
         self.action_probs = action_probs
         self.num_actions = num_actions
 
-        everything = [*self.components, self.action_probs]
+        everything = self.parts()
         self.input_spec: Spec = {k: v for c in everything for k, v in c.input_spec.items()}
         self.state_widths: dict[str, int] = {k: v for c in everything for k, v in c.state_widths.items()}
         self.state_keys = tuple(self.state_widths)
-        self.hidden_size = self.state_widths[HIDDEN]
+        check_graph(everything, inputs={OBS, EPISODE_START, ACTIONS, *self.state_keys})
+
+    def parts(self) -> tuple[Component, ...]:
+        """The components in the order they run."""
+        return (self.encoder, self.core, self.actor, self.critic, self.action_probs)
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(self.state_keys)
 
     def output_keys(self) -> tuple[str, ...]:
         """Every key a forward may write, given the current ``action_probs.emit_full_log_probs``."""
-        everything = [*self.components, self.action_probs]
-        return tuple(dict.fromkeys(key for component in everything for key in component.out_keys))
+        return tuple(dict.fromkeys(key for component in self.parts() for key in component.out_keys))
 
     def experience_spec(self) -> Spec:
         """Per-step keys the experience buffer must store to re-run training: ``key -> (shape per step, dtype)``."""
         return dict(self.input_spec)
 
     def initial_state(self, num: int, device: torch.device | str) -> TensorDict:
-        """Zero recurrent state for ``num`` agents: TensorDict batch [num] with each state key float32 [num, H]."""
+        """Zero recurrent state for ``num`` agents: TensorDict batch [num] with each state key float32 [num, H]
+        (no keys for a feed-forward policy)."""
         zeros = {key: torch.zeros(num, width, device=device) for key, width in self.state_widths.items()}
         return TensorDict(zeros, batch_size=[num], device=device)
 
@@ -107,10 +151,21 @@ class ComponentPolicy(nn.Module):
         batch, steps = td[OBS].shape[:2]
         flat = {key: td[key].flatten(0, 1) for key in self.input_spec if key in td}
         step = TensorDict(flat, batch_size=[batch * steps], device=td.device)
-        for component in self.components:
+        for component in self.parts():
             component(step, td)
-        self.action_probs(step, td)
         for key, value in step.items():
             if key not in flat:
                 td[key] = value.unflatten(0, (batch, steps))
         return td
+
+
+def check_graph(components: Sequence[Component], inputs: set[str]) -> None:
+    """Refuse a component that reads a key no earlier component writes and the policy is not given."""
+    available = set(inputs)
+    for component in components:
+        missing = [key for key in component.in_keys if key not in available]
+        if missing:
+            raise ValueError(
+                f"policy component {type(component).__name__} reads {missing}, which no component before it writes"
+            )
+        available.update(component.out_keys)

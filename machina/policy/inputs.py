@@ -4,11 +4,15 @@ from tensordict import TensorDict
 
 from machina import keys
 
+# Per-step keys a policy may read; each is passed when present (a feed-forward policy stores no EPISODE_START).
+STEP_INPUTS = (keys.OBS, keys.EPISODE_START)
+
 
 def rollout_input(step: TensorDict, state: TensorDict) -> TensorDict:
     """A rollout step (batch [N]) and recurrent state [N] -> input [N] with T = 1 (views, no copies)."""
+    present = step.keys()
     return TensorDict(
-        {keys.OBS: step[keys.OBS].unsqueeze(1), keys.DONES: step[keys.DONES].unsqueeze(1), **state.to_dict()},
+        {**{key: step[key].unsqueeze(1) for key in STEP_INPUTS if key in present}, **state.to_dict()},
         batch_size=[step.batch_size[0]],
     )
 
@@ -16,13 +20,9 @@ def rollout_input(step: TensorDict, state: TensorDict) -> TensorDict:
 def training_input(stored: TensorDict, state: TensorDict) -> TensorDict:
     """Stored steps [B, T] and the recurrent state at each segment's start [B] -> input [B] that evaluates the
     stored actions."""
+    present = stored.keys()
     return TensorDict(
-        {
-            keys.OBS: stored[keys.OBS],
-            keys.DONES: stored[keys.DONES],
-            keys.ACTIONS: stored[keys.ACTIONS],
-            **state.to_dict(),
-        },
+        {**{key: stored[key] for key in (*STEP_INPUTS, keys.ACTIONS) if key in present}, **state.to_dict()},
         batch_size=[stored.batch_size[0]],
     )
 

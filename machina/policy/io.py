@@ -6,7 +6,6 @@ so a file from an untrusted source cannot run code):
      "num_actions": int, "state_dict": {...}}
 """
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,19 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from machina.env.spec import ObsSpec
+from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spec_to_dict
 from machina.errors import ConfigError
 
 FORMAT = "machina.policy/1"
 
 
-def policy_payload(policy: nn.Module, architecture: dict[str, Any], obs_spec: ObsSpec) -> dict[str, Any]:
+def policy_payload(
+    policy: nn.Module, architecture: dict[str, Any], obs_spec: ObsSpec | VectorObsSpec
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "architecture": architecture,
-        "obs_spec": asdict(obs_spec),
+        "obs_spec": obs_spec_to_dict(obs_spec),
         "num_actions": int(policy.num_actions),
         "state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
     }
@@ -47,21 +48,15 @@ def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_policy(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ObsSpec]:
+def load_policy(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ObsSpec | VectorObsSpec]:
     """Rebuild a policy from a policy file (or the policy part of a training checkpoint); return it and its
     observation spec."""
     data = read_checkpoint_file(path)
     policy_data = data.get("policy", data)
     if policy_data.get("format") != FORMAT:
         raise ConfigError(f"checkpoint {str(path)!r} has format {policy_data.get('format')!r}, expected {FORMAT!r}")
-    obs = policy_data["obs_spec"]
-    obs_spec = ObsSpec(
-        max_tokens=obs["max_tokens"],
-        window=obs["window"],
-        feature_names=tuple(obs["feature_names"]),
-        feature_norms=tuple(obs["feature_norms"]),
-    )
     try:
+        obs_spec = obs_spec_from_dict(policy_data["obs_spec"])
         policy = instantiate(policy_data["architecture"], obs_spec=obs_spec, num_actions=policy_data["num_actions"])
         policy.load_state_dict(policy_data["state_dict"])
     except Exception as err:  # noqa: BLE001 - a stale or edited file fails in instantiate or load_state_dict

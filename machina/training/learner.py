@@ -100,7 +100,7 @@ class Learner:
         return compute_advantages(
             buffer[keys.VALUES],
             buffer[keys.REWARDS],
-            buffer[keys.DONES],
+            buffer[keys.EPISODE_START],
             buffer[keys.RATIO],
             self.gamma,
             self.gae_lambda,

@@ -82,5 +82,5 @@ class Rollout:
 
     @staticmethod
     def _with_dones(td: TensorDict, dones: torch.Tensor) -> TensorDict:
-        td[keys.DONES] = dones
+        td[keys.EPISODE_START] = dones
         return td
