@@ -1,0 +1,63 @@
+"""The interface every machina env implements: batched reset / step on TensorDicts, plus what training, evaluation,
+checkpoints and replays ask of an env. One file per env implements it (``machina_1.py``, ``mettagrid.py``,
+``gymnasium.py``).
+
+Constructor convention (the builder passes the last five; the others come from ``conf/env/<name>.yaml``):
+``Env(<settings>..., num_envs, seed, device, teacher, stagger)``. ``teacher`` asks for ``TEACHER_ACTIONS`` (refused
+by envs whose ``spec.provides_teacher`` is False), ``stagger`` spreads the first episodes' ends over time (training)
+or starts every env at step 0 (evaluation, ``stagger=False``).
+"""
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from machina.env.spec import EnvSpec
+
+
+class Env:
+    """Batched envs: N = ``spec.num_agents`` agents over E = ``spec.num_envs`` envs, agent index = env * A + slot.
+
+    ``step`` returns a TensorDict, batch [N], on ``device``: ``OBS``, ``REWARDS`` float32 (the reward of the action
+    just taken), ``TERMINATED`` / ``TRUNCATED`` bool (the episode ended after that action), ``TEACHER_ACTIONS`` when
+    built with ``teacher=True``, and ``FINAL_OBS`` only when ``spec.observes_time`` is False and some agent was
+    truncated on this step (the observation it would have seen next). Ended envs reset in place: ``OBS`` is already
+    the new episode's first observation.
+    """
+
+    spec: EnvSpec
+    device: torch.device
+
+    def reset(self) -> TensorDict:
+        """Start every env afresh; return the first observations (zero rewards, no episode ends)."""
+        raise NotImplementedError
+
+    def step(self, actions: torch.Tensor) -> TensorDict:
+        """Act with int64 ``actions`` [N]; see the class docstring for what comes back."""
+        raise NotImplementedError
+
+    def episode_stats(self) -> dict[str, torch.Tensor]:
+        """Sums over the episodes that ended since the last call, as 0-d float32 device tensors: ``episodes`` (how
+        many), ``return`` (sum over those episodes of the per-agent mean return), ``length``, and env-specific
+        stats; resets the sums. No host sync."""
+        raise NotImplementedError
+
+    def last_episodes(self) -> dict[str, torch.Tensor]:
+        """Per env, float32 [E]: ``episodes`` (episodes ended since ``reset``) and, for every other name of
+        ``episode_stats``, that stat of the env's most recently ended episode (0 before its first end)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Plain tensors (no objects) from which ``load_state_dict`` continues the envs where they are."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def prepare_rollout(self) -> None:
+        """Called at each epoch boundary, before a rollout: host-side work that must stay out of the steps (refilling
+        pools of pre-generated layouts, for example). Nothing by default."""
+
+    def render(self, env_index: int = 0) -> np.ndarray:
+        """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render frames, so it has no replays")
