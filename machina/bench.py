@@ -64,7 +64,7 @@ class Setup:
         trainer.policy.train()
         trainer.learner.run(progress)
         # The epoch's one device read, as in Trainer: every metric stacked and fetched at once.
-        metrics = trainer.learner.pop_metrics()
+        metrics, _ = trainer.learner.pop_metrics()
         metrics.update({k: v.float() for k, v in self.parts.env.episode_stats().items()})
         torch.stack(list(metrics.values())).tolist()
         self.epoch_seconds.append(time.perf_counter() - start)

@@ -13,9 +13,10 @@ from torch import nn
 
 from machina import distributed, keys
 from machina.errors import ConfigError
-from machina.losses.base import Loss, Spec
+from machina.keys import Spec
+from machina.losses.base import Loss
 from machina.system import System
-from machina.training.experience import Experience
+from machina.training.experience import Experience, trajectory_spec
 
 
 @dataclass
@@ -47,10 +48,14 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
     if system.compile:
         policy.compile()  # in place: parameter names (and so checkpoints) stay those of the eager module
     for loss in losses.values():
-        loss.setup(env.spec, policy, device)
+        loss.setup(env.spec, policy, device, distributed.all_reduce_sum)
         loss.to(device)
     spec = merge_specs(
-        {"policy": policy.experience_spec(), **{name: loss.experience_spec(env.spec) for name, loss in losses.items()}}
+        {
+            "policy": policy.experience_spec(),
+            "trajectory": trajectory_spec(env.spec),
+            **{name: loss.experience_spec(env.spec) for name, loss in losses.items()},
+        }
     )
     state = policy.initial_state(1, device)
     state_spec = {key: (tuple(value.shape[1:]), value.dtype) for key, value in state.items()}

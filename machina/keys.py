@@ -1,14 +1,19 @@
-"""TensorDict keys, defined once.
+"""TensorDict keys, defined once, and ``Spec``: how a component, loss or buffer declares the keys it stores.
 
 Shapes below use N for a flat batch of agents, B x T for a batch of BPTT segments, M for tokens per agent and A
 for the number of actions. Every module reads and writes TensorDicts through these names only.
 """
 
+import torch
+
+# Per-step keys to store: ``{key: (shape per step, dtype)}``.
+Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
 # Written by the env on reset / step (batch [N]).
 OBS = "env_obs"  # uint8 [N, M, 3]: (packed location dy<<4|dx, feature id, value); padding tokens 0xFF
-REWARDS = "rewards"  # float32 [N]: reward received for the previous action
-TERMINATED = "terminated"  # bool [N]
-TRUNCATED = "truncated"  # bool [N]
+REWARDS = "rewards"  # float32 [N]: reward of the action just taken (stored with the step that took it)
+TERMINATED = "terminated"  # bool [N]: the episode ended after the action (a terminal state)
+TRUNCATED = "truncated"  # bool [N]: the episode was cut after the action (time limit)
 TEACHER_ACTIONS = "teacher_actions"  # int64 [N]: the scripted teacher's action for this observation
 # Only from envs whose observation carries no time (``EnvSpec.observes_time`` False), only on steps where some
 # episode was truncated: [N, *obs] the observation each truncated agent would have seen next (before the reset).
@@ -34,7 +39,6 @@ NEXT_CELL = "next_lstm_c"  # float32 [N, H]
 
 # Training-time keys.
 ADVANTAGES = "advantages"  # float32 [B, T]
-RETURNS = "returns"  # float32 [B, T]: advantages + old values
 PRIO_WEIGHTS = "prio_weights"  # float32 [B, T]: importance weights of prioritized sampling (ones otherwise)
 
 # Keys of teacher losses.
@@ -44,8 +48,7 @@ STUDENT_MASK = "student_mask"  # bool [N]
 TEACHER_MASK = "teacher_mask"  # bool [N]
 PPO_MASK = "ppo_mask"  # bool [N]
 
-# Written by rollout hooks of losses.
-ENV_ACTIONS = "env_actions"  # int64 [N]: what the env executes when a loss overrides the policy (teacher-led)
+# Written back by the learner.
 RATIO = "ratio"  # float32 [B, T]: pi_new / pi_old of the last training pass, written back for V-trace
 
 # Where the policy writes the state that follows each state key.

@@ -111,12 +111,15 @@ def test_a_failing_rank_stops_the_job_promptly(tmp_path):
     assert time.perf_counter() - start < 60
 
 
-GRAD = ["env.num_envs=4", "experience.bptt_horizon=16", "trainer.max_grad_norm=1e9", "wandb=disabled"]
+GRAD = ["experience.bptt_horizon=16", "trainer.max_grad_norm=1e9", "wandb=disabled"]
 
 
 def make_trainer(batch_size: int, rank: int = 0):
-    """Trainer over one minibatch of ``batch_size`` agent steps (16 agents x 16 steps per 256)."""
-    cfg = compose_config([*GRAD, f"experience.batch_size={batch_size}", f"experience.minibatch_size={batch_size}"])
+    """Trainer over one minibatch of ``batch_size`` agent steps: 4 agents per 64 steps, each filling one 16-step row
+    (so the union of two ranks' buffers is one process's buffer with twice the agents)."""
+    num_envs = batch_size // 64
+    overrides = [f"env.num_envs={num_envs}", f"experience.batch_size={batch_size}"]
+    cfg = compose_config([*GRAD, *overrides, f"experience.minibatch_size={batch_size}"])
     return build_trainer(cfg, build(cfg, rank), sinks=[])
 
 
@@ -145,6 +148,7 @@ def ddp_rank(rank: int, port: int, out_dir: str) -> None:
         trainer.rollout.run(trainer.progress)
         exp = trainer.experience
         saved = {"initial": initial, "buffer": exp.buffer.clone(), "row_state": exp.row_state.clone()}
+        saved["last_values"] = exp.last_values.clone()
         saved["grads"] = step_gradients(trainer)
         distributed.check_in_sync(trainer.policy)
         if rank == 1:
@@ -163,6 +167,7 @@ def test_ddp_step_equals_one_process_on_the_union_of_minibatches(tmp_path):
     single.policy.load_state_dict(ranks[0]["initial"])
     single.experience.buffer.update_(torch.cat([r["buffer"] for r in ranks]))
     single.experience.row_state.update_(torch.cat([r["row_state"] for r in ranks]))
+    single.experience.last_values.copy_(torch.cat([r["last_values"] for r in ranks]))
     expected = step_gradients(single)
 
     assert any(g.abs().sum() > 0 for g in expected)

@@ -72,6 +72,6 @@ def test_cloning_learns_from_observations_not_only_the_action_marginal():
     for _ in range(40):
         trainer.learner.pop_metrics()
         trainer.learner.run(trainer.progress)
-    agreement = trainer.learner.pop_metrics()["losses/supervisor/teacher_agreement"].item()  # of the last pass
+    agreement = trainer.learner.pop_metrics()[0]["losses/supervisor/teacher_agreement"].item()  # of the last pass
     print(f"agreement {agreement:.3f}, majority share {majority:.3f}")
     assert agreement > majority + 0.3, (agreement, majority)

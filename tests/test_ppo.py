@@ -96,3 +96,49 @@ def test_gradients_flow_and_inputs_are_not_mutated():
     assert logp.grad is not None and values.grad is not None and entropy.grad is not None
     assert all(not v.requires_grad for k, v in terms.items() if not k.startswith("loss_"))
     assert (mb == before).all()
+
+
+def test_importance_weights_scale_each_sample_once():
+    """mean(w * term) over the samples: weights summing to less than the sample count lower the loss (no second
+    normalisation by their sum)."""
+    adv = torch.tensor([[2.0, -1.0]])
+    weights = torch.tensor([[0.5, 0.25]])
+    mb = batch(adv, torch.zeros(1, 2), torch.zeros(1, 2))
+    mb[keys.PRIO_WEIGHTS] = weights
+    loss = PPOLoss(norm_adv=False, ent_coef=1.0, clip_vloss=False)
+    terms = loss(mb, out(torch.zeros(1, 2), adv, torch.ones(1, 2)), PROGRESS)
+    torch.testing.assert_close(terms["loss_policy"], torch.tensor((0.5 * -2.0 + 0.25 * 1.0) / 2))
+    torch.testing.assert_close(terms["loss_entropy"], torch.tensor(-(0.5 + 0.25) / 2))
+    torch.testing.assert_close(terms["value_loss"], torch.tensor(0.0))  # values equal the returns
+
+
+def test_normalisation_uses_the_masked_samples_only():
+    """CleanRL: (A - A.mean()) / (A.std() + 1e-8) over the minibatch; here over PPO's slice."""
+    adv = torch.tensor([[1.0, 3.0, 100.0]])
+    mask = torch.tensor([[True, True, False]])
+    logp = torch.zeros(1, 3)
+    new = torch.log(torch.tensor([[1.1, 1.1, 1.1]]))
+    terms = PPOLoss(norm_adv=True, ent_coef=0.0)(
+        batch(adv, logp, torch.zeros(1, 3), mask), out(new, *[adv] * 2), PROGRESS
+    )
+    normalised = (torch.tensor([1.0, 3.0]) - 2.0) / (torch.tensor([1.0, 3.0]).std() + 1e-8)  # [-0.707, 0.707]
+    expected = torch.max(-normalised * 1.1, -normalised * 1.1).mean()
+    torch.testing.assert_close(terms["loss_policy"], expected)
+
+
+def test_value_clip_fraction_and_unclipped_value_loss():
+    adv = torch.zeros(1, 4)
+    old_values = torch.zeros(1, 4)
+    values = torch.tensor([[0.1, 0.3, -0.5, 0.0]])
+    mb = batch(adv, torch.zeros(1, 4), old_values)
+    terms = PPOLoss(vf_clip_coef=0.2, clip_vloss=False, ent_coef=0.0)(mb, out(torch.zeros(1, 4), values, adv), PROGRESS)
+    assert float(terms["value_clipfrac"]) == 0.5
+    torch.testing.assert_close(terms["value_loss"], 0.5 * (values**2).mean())
+
+
+def test_non_finite_or_negative_coefficients_are_refused():
+    import pytest
+
+    for bad in ({"ent_coef": float("nan")}, {"vf_coef": -1.0}, {"clip_coef": float("inf")}):
+        with pytest.raises(ValueError, match="losses.ppo"):
+            PPOLoss(**bad)

@@ -90,7 +90,7 @@ def test_emission_for_every_one_or_two_losses(selection):
         ("[ppo]", {keys.ACT_LOG_PROB, keys.VALUES, keys.REWARDS}, {keys.FULL_LOG_PROBS, keys.TEACHER_ACTIONS}),
         ("[ppo,supervisor]", {keys.TEACHER_ACTIONS}, {keys.FULL_LOG_PROBS, keys.PPO_MASK}),
         ("[sliced_scripted_cloner,ppo]", {keys.TEACHER_ACTIONS, keys.PPO_MASK, keys.TEACHER_MASK}, set()),
-        ("[supervisor]", {keys.TEACHER_ACTIONS, keys.OBS, keys.ACTIONS}, {keys.VALUES, keys.ACT_LOG_PROB}),
+        ("[supervisor]", {keys.TEACHER_ACTIONS, keys.OBS, keys.VALUES}, {keys.FULL_LOG_PROBS, keys.PPO_MASK}),
     ],
 )
 def test_buffer_stores_only_what_the_enabled_losses_ask_for(losses, stored, absent):

@@ -1,5 +1,6 @@
 """The interface every loss implements. The trainer calls these hooks and never names a loss."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -8,8 +9,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from machina.env.spec import EnvSpec
-
-Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+from machina.keys import Spec
 
 
 @dataclass
@@ -33,34 +33,60 @@ class Loss(nn.Module):
             one of them.
         env_keys: env outputs this loss needs besides observations and rewards (e.g. ``TEACHER_ACTIONS``); the
             env computes teacher actions only when a loss asks for them.
+
+    Every rollout step stores the trajectory keys (``machina.training.experience.trajectory_spec``); a loss declares
+    only what it needs beyond them.
     """
 
     consumes: ClassVar[frozenset[str]] = frozenset()
     env_keys: ClassVar[frozenset[str]] = frozenset()
 
+    def __init__(self):
+        super().__init__()
+        # Sums a device tensor over the data-parallel ranks in place (identity in a single process); set by setup.
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
+
     def experience_spec(self, env_spec: EnvSpec) -> Spec:
         """Per-step keys this loss needs stored in the experience buffer, ``{key: (shape, dtype)}``."""
         return {}
 
-    def setup(self, env_spec: EnvSpec, policy: nn.Module, device: torch.device) -> None:
-        """Validate against the env and policy, and build what needs them (e.g. a teacher network)."""
+    def setup(
+        self,
+        env_spec: EnvSpec,
+        policy: nn.Module,
+        device: torch.device,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        """Validate against the env and policy, and keep what the loss is handed: ``all_reduce`` sums a tensor over
+        the ranks of a data-parallel run (no rank logic in losses). Subclasses extend it and call it first."""
+        self.all_reduce = all_reduce
 
     def on_rollout_start(self, progress: Progress) -> None:
         """Called once before each rollout (e.g. to resample which agents the teacher leads)."""
 
     def on_rollout_step(self, step: TensorDict, progress: Progress) -> None:
-        """Called after the policy acted on ``step`` (batch [N]) and before it is stored.
+        """Called after the policy acted on ``step`` (batch [N]) and before the env executes ``step[ACTIONS]``.
 
-        A loss may edit rewards (shaping), write keys it declared in ``experience_spec``, or set
-        ``keys.ENV_ACTIONS`` to make the env execute other actions than the stored ones (teacher-led rollouts).
+        A loss may write keys it declared in ``experience_spec``, or make agents teacher-led: replace their
+        ``ACTIONS`` and ``ACT_LOG_PROB`` (the policy's log-probability of the replacement), so that what is stored,
+        what is trained on and what the env executes are the same action.
         """
 
-    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
-        """Return ``loss_*`` terms (with grad; the trainer sums them) and detached 0-d metrics.
+    def on_env_step(self, step: TensorDict, progress: Progress) -> None:
+        """Called after the env executed ``step[ACTIONS]``: ``REWARDS``, ``TERMINATED`` and ``TRUNCATED`` of ``step``
+        now describe that action. A loss may shape ``REWARDS`` here (before the step is stored)."""
+
+    def forward(
+        self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress
+    ) -> dict[str, torch.Tensor | float]:
+        """Return ``loss_*`` terms (with grad; the learner sums them) and metrics: detached 0-d tensors on the
+        minibatch's device, or Python floats for values known on the host (schedules), which the learner keeps
+        apart and never sends to the device.
 
         Args:
-            minibatch: batch [B, T]: stored keys plus ``ADVANTAGES`` and ``PRIO_WEIGHTS``. Losses may add keys
-                for losses after them (e.g. ``PPO_MASK``) but never change stored values in place.
+            minibatch: batch [B, T]: stored keys plus ``ADVANTAGES`` and ``PRIO_WEIGHTS`` (importance weights,
+                ones without prioritized sampling). Losses may add keys for losses after them (e.g.
+                ``PPO_MASK``) but never change stored values in place.
             policy_out: batch [B, T]: the policy's outputs for the minibatch, shared by all losses.
         """
         raise NotImplementedError

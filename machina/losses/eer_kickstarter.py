@@ -1,6 +1,17 @@
 """EER kickstarter: distil a teacher *network* (a machina policy file) into the policy, with reward shaping.
 
-From "Distilling Policy Distillation" (expected entropy regularisation), as in the seed's stack.
+From "Distilling Policy Distillation" (Czarnecki et al. 2019), expected entropy regularised distillation, as in the
+seed's stack. Which divergence: the reverse KL ``KL(pi_S || pi_T) = sum_a pi_S(a) (log pi_S(a) - log pi_T(a))``,
+i.e. the cross-entropy to the teacher minus the student's entropy. It is the per-state term of the same objective
+as the shaping reward ``r += lambda * log pi_T(a | s)`` plus PPO's entropy bonus (expected return minus the KL from
+the teacher along the student's own trajectories), it is zero exactly when the student matches the teacher, and it
+does not, unlike the seed's cross-entropy alone (``-sum_a pi_S log pi_T``, minimised by a one-hot student on the
+teacher's mode), reward the student for collapsing onto one action.
+
+Value distillation (``(V_T - V)^2``): the teacher's values estimate the env's returns, while PPO's critic learns the
+shaped returns (with ``lambda * log pi_T`` added to every reward). They are consistent only without shaping, so the
+value term is applied on updates where ``r_lambda`` is 0 (for example after a ``Linear`` schedule has annealed it)
+and dropped while shaping is on; the metric ``value_coef`` shows which.
 """
 
 import torch
@@ -10,8 +21,9 @@ from torch import nn
 from machina import keys
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
-from machina.losses.base import Loss, Progress, Spec
-from machina.losses.functional import executed_actions, masked_mean
+from machina.keys import Spec
+from machina.losses.base import Loss, Progress
+from machina.losses.functional import sample_mean
 from machina.losses.schedule import Linear, as_schedule
 from machina.policy.inputs import next_state, rollout_input
 from machina.policy.io import load_policy
@@ -20,10 +32,11 @@ from machina.policy.io import load_policy
 class EERKickstarterLoss(Loss):
     """Rollout: the teacher acts on every step (its own recurrent state, reset on episode starts); its
     ``FULL_LOG_PROBS`` and ``VALUES`` are stored as ``TEACHER_FULL_LOG_PROBS`` [A] and ``TEACHER_VALUES``, and the
-    reward of step t is shaped with ``r_lambda * log pi_T(a_{t-1} | s_{t-1})``.
+    reward of each action a_t is shaped with ``r_lambda * log pi_T(a_t | s_t)``.
 
-    Train: ``loss_action = action_loss_coef * mean(-sum_a pi(a) log pi_T(a))`` (cross-entropy to the teacher) and
-    ``loss_value = value_loss_coef * mean((V_T - V)^2)``; reads policy ``FULL_LOG_PROBS`` and ``VALUES``.
+    Train: ``loss_action = action_loss_coef * mean(w * KL(pi_S || pi_T))`` and, while ``r_lambda`` is 0,
+    ``loss_value = value_loss_coef * mean(w * (V_T - V)^2)`` (w: importance weights); reads policy
+    ``FULL_LOG_PROBS`` and ``VALUES``.
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS, keys.VALUES})
@@ -42,14 +55,14 @@ class EERKickstarterLoss(Loss):
                 "machina policy file (outputs/<run>/checkpoints/policy_*.pt)"
             )
         self.teacher_checkpoint = str(teacher_checkpoint)
-        self.action_coef = as_schedule(action_loss_coef)
-        self.value_coef = as_schedule(value_loss_coef)
-        self.r_lambda = as_schedule(r_lambda)
+        self.action_coef = as_schedule(action_loss_coef, "losses.eer_kickstarter.action_loss_coef")
+        self.value_coef = as_schedule(value_loss_coef, "losses.eer_kickstarter.value_loss_coef")
+        self.r_lambda = as_schedule(r_lambda, "losses.eer_kickstarter.r_lambda")
         self.teacher: nn.Module | None = None
         self._state: TensorDict | None = None
-        self._previous: TensorDict | None = None
 
-    def setup(self, env_spec: EnvSpec, policy: nn.Module, device: torch.device) -> None:
+    def setup(self, env_spec: EnvSpec, policy: nn.Module, device: torch.device, all_reduce) -> None:
+        super().setup(env_spec, policy, device, all_reduce)
         teacher, obs_spec = load_policy(self.teacher_checkpoint, device)
         if teacher.num_actions != env_spec.num_actions:
             raise ConfigError(
@@ -58,9 +71,8 @@ class EERKickstarterLoss(Loss):
             )
         if obs_spec != env_spec.obs:
             raise ConfigError(
-                f"teacher checkpoint {self.teacher_checkpoint!r} was trained on another observation spec "
-                f"({obs_spec.max_tokens} tokens, {obs_spec.num_features} features) than this env "
-                f"({env_spec.obs.max_tokens} tokens, {env_spec.obs.num_features} features)"
+                f"teacher checkpoint {self.teacher_checkpoint!r} was trained on other observations ({obs_spec}) "
+                f"than this env's ({env_spec.obs})"
             )
         teacher.action_probs.emit_full_log_probs = True
         teacher.requires_grad_(False).eval()
@@ -79,26 +91,27 @@ class EERKickstarterLoss(Loss):
             self._state = self.teacher.initial_state(step.batch_size[0], step.device)
         out = self.teacher(rollout_input(step, self._state))
         self._state = next_state(out, self._state)
-        previous = self._previous
-        if previous is not None:
-            log_prob = previous[keys.TEACHER_FULL_LOG_PROBS].gather(-1, executed_actions(previous).unsqueeze(-1))
-            step[keys.REWARDS] = step[keys.REWARDS] + self.r_lambda(progress.agent_step) * log_prob.squeeze(-1)
         step[keys.TEACHER_FULL_LOG_PROBS] = out[keys.FULL_LOG_PROBS].squeeze(1)
         step[keys.TEACHER_VALUES] = out[keys.VALUES].squeeze(1)
-        self._previous = step
 
-    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
+    def on_env_step(self, step: TensorDict, progress: Progress) -> None:
+        log_prob = step[keys.TEACHER_FULL_LOG_PROBS].gather(-1, step[keys.ACTIONS].unsqueeze(-1)).squeeze(-1)
+        step[keys.REWARDS] = step[keys.REWARDS] + self.r_lambda(progress.agent_step) * log_prob
+
+    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict:
         log_probs = policy_out[keys.FULL_LOG_PROBS]
-        weight = minibatch.get(keys.PRIO_WEIGHTS, None)
-        cross_entropy = masked_mean(-(log_probs.exp() * minibatch[keys.TEACHER_FULL_LOG_PROBS]).sum(-1), weight)
-        value_error = masked_mean((minibatch[keys.TEACHER_VALUES] - policy_out[keys.VALUES]) ** 2, weight)
-        action_coef, value_coef = self.action_coef(progress.agent_step), self.value_coef(progress.agent_step)
+        teacher = minibatch[keys.TEACHER_FULL_LOG_PROBS]
+        weights = minibatch[keys.PRIO_WEIGHTS]
+        kl = sample_mean((log_probs.exp() * (log_probs - teacher)).sum(-1), weights)
+        value_error = sample_mean((minibatch[keys.TEACHER_VALUES] - policy_out[keys.VALUES]) ** 2, weights)
+        action_coef = self.action_coef(progress.agent_step)
+        shaping = self.r_lambda(progress.agent_step) != 0.0
+        value_coef = 0.0 if shaping else self.value_coef(progress.agent_step)
         return {
-            "loss_action": action_coef * cross_entropy,
+            "loss_action": action_coef * kl,
             "loss_value": value_coef * value_error,
-            "ks_action_loss": cross_entropy.detach(),
+            "ks_action_loss": kl.detach(),
             "ks_value_loss": value_error.detach(),
-            "teacher_agreement": (log_probs.detach().argmax(-1) == minibatch[keys.TEACHER_FULL_LOG_PROBS].argmax(-1))
-            .float()
-            .mean(),
+            "teacher_agreement": (log_probs.detach().argmax(-1) == teacher.argmax(-1)).float().mean(),
+            "value_coef": value_coef,
         }

@@ -1,16 +1,18 @@
-"""Loss math shared by the teacher losses."""
+"""Loss math shared by the losses."""
 
 import torch
+from tensordict import TensorDict
 
 from machina import keys
 
 
-def masked_mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """Mean of ``x`` weighted by ``weight`` (same shape, or None for a plain mean); 0 when the weights sum to 0."""
-    if weight is None:
-        return x.mean()
-    weight = weight.to(x.dtype)
-    return (x * weight).sum() / weight.sum().clamp(min=1.0)
+def sample_mean(x: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over the samples of ``weights * x`` (all [B, T]); with ``mask``, over the masked samples only (0 when
+    none is). The denominator counts samples: importance weights are normalised once, by the sampler."""
+    if mask is None:
+        return (x * weights).sum() / x.numel()
+    mask = mask.to(x.dtype)
+    return (x * weights * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def teacher_nll(full_log_probs: torch.Tensor, teacher_actions: torch.Tensor) -> torch.Tensor:
@@ -23,6 +25,11 @@ def agreement(full_log_probs: torch.Tensor, teacher_actions: torch.Tensor) -> to
     return (full_log_probs.argmax(-1) == teacher_actions).float()
 
 
-def executed_actions(step) -> torch.Tensor:
-    """The actions the env executes for a rollout step: a hook's override, else the policy's."""
-    return step.get(keys.ENV_ACTIONS, step[keys.ACTIONS])
+def lead_with_teacher(step: TensorDict, led: torch.Tensor) -> None:
+    """Make the agents in ``led`` (bool [N]) act as the teacher: their ``ACTIONS`` become ``TEACHER_ACTIONS`` and
+    their ``ACT_LOG_PROB`` the policy's log-probability of it (from ``FULL_LOG_PROBS`` [N, A]), so the env executes,
+    the buffer stores and PPO trains on the same action."""
+    teacher = step[keys.TEACHER_ACTIONS]
+    teacher_log_prob = step[keys.FULL_LOG_PROBS].gather(-1, teacher.unsqueeze(-1)).squeeze(-1)
+    step[keys.ACT_LOG_PROB] = torch.where(led, teacher_log_prob, step[keys.ACT_LOG_PROB])
+    step[keys.ACTIONS] = torch.where(led, teacher, step[keys.ACTIONS])

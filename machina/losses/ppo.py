@@ -1,21 +1,29 @@
-"""PPO: clipped surrogate, clipped value loss and entropy bonus (CleanRL's formulation)."""
+"""PPO: clipped surrogate, value loss (optionally clipped) and entropy bonus, as in CleanRL's ``ppo.py``."""
+
+import math
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
-from machina import distributed, keys
-from machina.env.spec import EnvSpec
-from machina.errors import ConfigError
-from machina.losses.base import Loss, Progress, Spec
+from machina import keys
+from machina.losses.base import Loss, Progress
+from machina.losses.functional import sample_mean
 
 
 class PPOLoss(Loss):
     """Reads minibatch ``ACT_LOG_PROB``, ``VALUES``, ``ADVANTAGES``, ``PRIO_WEIGHTS`` (and ``PPO_MASK`` when an
     earlier loss restricts PPO to a slice of agents) and the policy's fresh ``ACT_LOG_PROB``, ``ENTROPY``,
-    ``VALUES``, all [B, T].
+    ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of importance weight x term.
 
-    Returns ``loss_policy``, ``loss_value``, ``loss_entropy`` and the metrics ``policy_loss``, ``value_loss``,
-    ``entropy``, ``approx_kl``, ``clipfrac``.
+    Terms (Schulman et al. 2017), with r = pi_new(a) / pi_old(a), A the advantages (normalised per minibatch to
+    zero mean and unit std over the masked samples when ``norm_adv``) and R = A_raw + V_old the value targets:
+        loss_policy  = mean(max(-A r, -A clip(r, 1 - clip_coef, 1 + clip_coef)))
+        loss_value   = vf_coef * 0.5 * mean((V - R)^2), or with ``clip_vloss`` 0.5 * mean(max((V - R)^2,
+                       (V_old + clip(V - V_old, -vf_clip_coef, vf_clip_coef) - R)^2))
+        loss_entropy = -ent_coef * mean(H)
+    Metrics: ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl`` (mean of (r - 1) - log r, Schulman's k3
+    estimator), ``clipfrac`` (|r - 1| > clip_coef) and ``value_clipfrac`` (|V - V_old| > vf_clip_coef).
     """
 
     consumes = frozenset({keys.ACT_LOG_PROB, keys.ENTROPY, keys.VALUES})
@@ -30,49 +38,44 @@ class PPOLoss(Loss):
         clip_vloss: bool = True,
     ):
         super().__init__()
-        for name, value in (("clip_coef", clip_coef), ("vf_coef", vf_coef), ("ent_coef", ent_coef)):
-            if value < 0:
-                raise ConfigError(f"losses.ppo.{name} must be >= 0, got {value}")
+        for name, value in (("clip_coef", clip_coef), ("vf_coef", vf_coef), ("vf_clip_coef", vf_clip_coef)):
+            check_coefficient(name, value)
+        check_coefficient("ent_coef", ent_coef)
         self.clip_coef, self.vf_coef, self.vf_clip_coef = clip_coef, vf_coef, vf_clip_coef
         self.ent_coef, self.norm_adv, self.clip_vloss = ent_coef, norm_adv, clip_vloss
 
-    def experience_spec(self, env_spec: EnvSpec) -> Spec:
-        scalar = ((), torch.float32)
-        return {keys.ACT_LOG_PROB: scalar, keys.VALUES: scalar, keys.REWARDS: scalar}
-
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
-        weight = minibatch[keys.PRIO_WEIGHTS]
-        if keys.PPO_MASK in minibatch.keys():
-            weight = weight * minibatch[keys.PPO_MASK]
-        # Weighted mean; the clamp keeps an empty PPO slice at zero loss instead of NaN.
-        denom = weight.sum().clamp(min=1.0)
+        weights = minibatch[keys.PRIO_WEIGHTS]
+        mask = minibatch.get(keys.PPO_MASK, None)
 
-        def wmean(x: torch.Tensor) -> torch.Tensor:
-            return (x * weight).sum() / denom
+        def mean(x: torch.Tensor) -> torch.Tensor:
+            return sample_mean(x, weights, mask)
 
         advantages = minibatch[keys.ADVANTAGES]
         old_values = minibatch[keys.VALUES]
         returns = advantages + old_values
         if self.norm_adv:
-            advantages = normalize(advantages, weight)
+            advantages = normalize(advantages, mask, self.all_reduce)
 
         logratio = policy_out[keys.ACT_LOG_PROB] - minibatch[keys.ACT_LOG_PROB]
         ratio = logratio.exp()
         pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef))
-        policy_loss = wmean(pg)
+        policy_loss = mean(pg)
 
         values = policy_out[keys.VALUES]
         v_unclipped = (values - returns) ** 2
         if self.clip_vloss:
             v_clipped = old_values + (values - old_values).clamp(-self.vf_clip_coef, self.vf_clip_coef)
-            value_loss = 0.5 * wmean(torch.max(v_unclipped, (v_clipped - returns) ** 2))
+            value_loss = 0.5 * mean(torch.max(v_unclipped, (v_clipped - returns) ** 2))
         else:
-            value_loss = 0.5 * wmean(v_unclipped)
+            value_loss = 0.5 * mean(v_unclipped)
 
-        entropy = wmean(policy_out[keys.ENTROPY])
+        entropy = mean(policy_out[keys.ENTROPY])
         with torch.no_grad():
-            approx_kl = wmean((ratio - 1) - logratio)
-            clipfrac = wmean(((ratio - 1).abs() > self.clip_coef).float())
+            unweighted = torch.ones_like(weights)
+            approx_kl = sample_mean((ratio - 1) - logratio, unweighted, mask)
+            clipfrac = sample_mean(((ratio - 1).abs() > self.clip_coef).float(), unweighted, mask)
+            value_clipfrac = sample_mean(((values - old_values).abs() > self.vf_clip_coef).float(), unweighted, mask)
         return {
             "loss_policy": policy_loss,
             "loss_value": self.vf_coef * value_loss,
@@ -82,18 +85,25 @@ class PPOLoss(Loss):
             "entropy": entropy.detach(),
             "approx_kl": approx_kl,
             "clipfrac": clipfrac,
+            "value_clipfrac": value_clipfrac,
         }
 
 
-def normalize(advantages: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``(x - mean) / (std + 1e-8)`` with weighted statistics over the minibatch, and under torchrun over every
-    rank's minibatch: one all-reduce of ``[sum w*x, sum w*x^2, sum w]`` (queued on the device, no host sync)."""
-    sums = distributed.all_reduce_sum(
-        torch.stack([(weight * advantages).sum(), (weight * advantages**2).sum(), weight.sum()])
-    )
-    wx, wx2, w = sums.unbind()
-    denom = w.clamp(min=1.0)  # as in wmean: an all-masked minibatch keeps finite statistics
-    mean = wx / denom
-    # sum w*(x - mean)^2 expanded, so the sums are all that crosses ranks.
-    var = ((wx2 - 2 * mean * wx + mean**2 * w) / denom).clamp(min=0.0)
+def check_coefficient(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"losses.ppo.{name}={value!r} must be a finite number >= 0")
+
+
+def normalize(advantages: torch.Tensor, mask: torch.Tensor | None, all_reduce: Callable) -> torch.Tensor:
+    """``(A - mean) / (std + 1e-8)`` over the minibatch's (masked) samples, and with ``all_reduce`` summing over the
+    ranks (torchrun) over every rank's minibatch: one all-reduce of ``[sum m*A, sum m*A^2, sum m]`` (queued on the
+    device, no host sync). Unweighted: importance weights scale each sample's loss, not the advantage statistics."""
+    m = torch.ones_like(advantages) if mask is None else mask.to(advantages.dtype)
+    sums = all_reduce(torch.stack([(m * advantages).sum(), (m * advantages**2).sum(), m.sum()]))
+    total, squares, count = sums.unbind()
+    count = count.clamp(min=1.0)  # an all-masked minibatch keeps finite statistics
+    mean = total / count
+    var = (squares / count - mean**2).clamp(min=0.0)
+    # Unbiased like torch.std (CleanRL's ``advantages.std()``).
+    var = var * count / (count - 1.0).clamp(min=1.0)
     return (advantages - mean) / (var.sqrt() + 1e-8)

@@ -5,8 +5,9 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.spec import EnvSpec
-from machina.losses.base import Loss, Progress, Spec
-from machina.losses.functional import agreement, masked_mean, teacher_nll
+from machina.keys import Spec
+from machina.losses.base import Loss, Progress
+from machina.losses.functional import agreement, lead_with_teacher, sample_mean, teacher_nll
 from machina.losses.schedule import Linear, as_schedule
 
 
@@ -14,12 +15,13 @@ class SlicedScriptedClonerLoss(Loss):
     """Cloning loss on the student-led and teacher-led slices; PPO sees only the PPO slice.
 
     Before each rollout every agent draws a slice: student-led with probability ``student_led_proportion``,
-    teacher-led with ``teacher_led_proportion``, PPO otherwise. Teacher-led agents execute and store the teacher's
-    action, with its log-probability under the policy (so it needs ``FULL_LOG_PROBS`` at rollout). The masks are
-    stored per step (``STUDENT_MASK``, ``TEACHER_MASK``, ``PPO_MASK`` bool [N]); PPO reads ``PPO_MASK`` from the
-    minibatch and averages over that slice only.
+    teacher-led with ``teacher_led_proportion``, PPO otherwise (the two proportions must sum to at most 1 at every
+    step, checked at start-up). Teacher-led agents execute and store the teacher's action, with its log-probability
+    under the policy (so it needs ``FULL_LOG_PROBS`` at rollout). The masks are stored per step (``STUDENT_MASK``,
+    ``TEACHER_MASK``, ``PPO_MASK`` bool [N]); PPO reads ``PPO_MASK`` from the minibatch and averages over that slice.
 
-    Loss: ``loss_cloning = coef * mean over student+teacher rows of -log pi(teacher_action)``.
+    Loss: ``loss_cloning = coef * mean over the student and teacher rows of w * -log pi(teacher_action)`` (w:
+    importance weights).
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS})
@@ -32,9 +34,17 @@ class SlicedScriptedClonerLoss(Loss):
         teacher_led_proportion: float | Linear = 0.2,
     ):
         super().__init__()
-        self.coef = as_schedule(action_loss_coef)
-        self.student_led = as_schedule(student_led_proportion)
-        self.teacher_led = as_schedule(teacher_led_proportion)
+        self.coef = as_schedule(action_loss_coef, "losses.sliced_scripted_cloner.action_loss_coef")
+        self.student_led = as_schedule(student_led_proportion, "losses.sliced_scripted_cloner.student_led_proportion")
+        self.teacher_led = as_schedule(teacher_led_proportion, "losses.sliced_scripted_cloner.teacher_led_proportion")
+        # Both schedules are piecewise linear, so their sum is too: checking it at every breakpoint checks it all.
+        for step in {0, *self.student_led.breakpoints(), *self.teacher_led.breakpoints()}:
+            student, teacher = self.student_led(step), self.teacher_led(step)
+            if min(student, teacher) < 0.0 or student + teacher > 1.0:
+                raise ValueError(
+                    f"losses.sliced_scripted_cloner: student_led_proportion ({student:g}) and teacher_led_proportion "
+                    f"({teacher:g}) at agent step {step} must be >= 0 and sum to at most 1 (the rest is PPO's slice)"
+                )
         self.masks: TensorDict | None = None
         self._proportions = (0.0, 0.0)
 
@@ -63,25 +73,20 @@ class SlicedScriptedClonerLoss(Loss):
                 },
                 batch_size=step.batch_size,
             )
-        led = self.masks[keys.TEACHER_MASK]
-        teacher_actions = step[keys.TEACHER_ACTIONS]
-        teacher_log_prob = step[keys.FULL_LOG_PROBS].gather(-1, teacher_actions.unsqueeze(-1)).squeeze(-1)
-        step[keys.ACTIONS] = torch.where(led, teacher_actions, step[keys.ACTIONS])
-        step[keys.ACT_LOG_PROB] = torch.where(led, teacher_log_prob, step[keys.ACT_LOG_PROB])
-        step[keys.ENV_ACTIONS] = step[keys.ACTIONS]
+        lead_with_teacher(step, self.masks[keys.TEACHER_MASK])
         step.update(self.masks)
 
-    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
+    def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict:
         log_probs = policy_out[keys.FULL_LOG_PROBS]
         teacher = minibatch[keys.TEACHER_ACTIONS]
         cloned = minibatch[keys.STUDENT_MASK] | minibatch[keys.TEACHER_MASK]
-        nll = masked_mean(teacher_nll(log_probs, teacher), cloned)
+        nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], cloned)
         coef = self.coef(progress.agent_step)
         return {
             "loss_cloning": coef * nll,
             "cloning_loss": nll.detach(),
             "teacher_agreement": agreement(log_probs.detach(), teacher).mean(),
-            "student_led_proportion": torch.tensor(self.student_led(progress.agent_step)),
-            "teacher_led_proportion": torch.tensor(self.teacher_led(progress.agent_step)),
+            "student_led_proportion": self.student_led(progress.agent_step),
+            "teacher_led_proportion": self.teacher_led(progress.agent_step),
             "ppo_fraction": minibatch[keys.PPO_MASK].float().mean(),
         }

@@ -24,9 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from machina.env.spec import ObsSpec, VectorObsSpec
-from machina.keys import ACTIONS, CORE, ENCODED, EPISODE_START, OBS
-
-Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+from machina.keys import ACTIONS, CORE, ENCODED, EPISODE_START, OBS, Spec
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""Advantages: GAE with V-trace-style clipped importance ratios, over all segments at once.
+"""Advantages: GAE with V-trace's clipped importance ratios, over each agent's whole rollout at once.
 
-Row convention (as stored by the rollout): ``rewards[:, t]`` and ``dones[:, t]`` arrive with observation t and
-belong to the transition t-1 -> t; ``values[:, t]`` is V(observation t). The last step of every segment has no
-successor inside the segment, so it only bootstraps the step before it and gets advantage 0.
+Step convention (as the rollout stores it): step t holds observation x_t, the action a_t taken on it, its value
+V(x_t), the reward r_t of a_t, and whether the episode ended after a_t (``terminated`` / ``truncated``). A truncated
+step whose env does not observe time carries V(final observation) in ``final_values``; every other ended step
+bootstraps from 0. The step after an agent's last one is the observation the rollout ends on, whose value the
+rollout records once (``last_values``, CleanRL's ``next_value``). So every step has a successor, and every reward
+enters an advantage.
 """
 
 import torch
@@ -11,32 +14,56 @@ import torch
 def compute_advantages(
     values: torch.Tensor,
     rewards: torch.Tensor,
-    dones: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    final_values: torch.Tensor,
+    last_values: torch.Tensor,
     ratio: torch.Tensor,
     gamma: float,
     gae_lambda: float,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
 ) -> torch.Tensor:
-    """Return float32 [S, T] advantages.
+    """Return float32 [N, L] advantages A_t = v_t - V(x_t), where v_t is the V-trace target (Espeholt et al. 2018):
 
-    For t = T-2 ... 0, with rho_t = min(ratio_t, rho_bar) and c_t = min(ratio_t, c_bar):
-        delta_t = rho_t * (r_{t+1} + gamma * V_{t+1} * (1 - d_{t+1}) - V_t)
-        A_t     = delta_t + gamma * lambda * c_t * (1 - d_{t+1}) * A_{t+1}
-    With ratio = 1 this is GAE truncated at the segment edge.
+        next_t  = final_values_t if the episode ended after a_t, else V(x_{t+1})   (V(x_L) = last_values)
+        delta_t = rho_t * (r_t + gamma * next_t - V(x_t))
+        A_t     = delta_t + gamma * lambda * c_t * (1 - ended_t) * A_{t+1}
+
+    with rho_t = min(ratio_t, rho_bar) and c_t = min(ratio_t, c_bar). With ratio = 1 this is GAE (Schulman et al.
+    2016) with bootstrapping at the rollout's end.
 
     Args:
-        values, rewards, dones, ratio: float32 [S, T]; ``ratio`` is pi_new / pi_old (ones right after a rollout).
+        values, rewards, final_values, ratio: float32 [N, L], one row per agent in time order; ``ratio`` is
+            pi_new / pi_old (ones right after a rollout).
+        terminated, truncated: bool [N, L].
+        last_values: float32 [N]: V of the observation after each agent's last step.
     """
+    ended = terminated | truncated
+    next_values = torch.cat((values[:, 1:], last_values.unsqueeze(1)), 1)
+    next_values = torch.where(ended, final_values, next_values)
     rho = ratio.clamp(max=rho_bar)
-    c = ratio.clamp(max=c_bar)
-    not_done = 1.0 - dones[:, 1:]
-    deltas = rho[:, :-1] * (rewards[:, 1:] + gamma * values[:, 1:] * not_done - values[:, :-1])
-    decay = gamma * gae_lambda * c[:, :-1] * not_done
-    advantages = torch.zeros_like(values)
+    deltas = rho * (rewards + gamma * next_values - values)
+    decay = (gamma * gae_lambda) * ratio.clamp(max=c_bar) * (~ended).to(values.dtype)
+    advantages = torch.empty_like(values)
     running = torch.zeros_like(values[:, 0])
-    # A loop over time only (T steps); every step is vectorised over all segments.
-    for t in range(values.shape[1] - 2, -1, -1):
+    # A loop over time only (L steps); every step is vectorised over all agents.
+    for t in range(values.shape[1] - 1, -1, -1):
         running = deltas[:, t] + decay[:, t] * running
         advantages[:, t] = running
     return advantages
+
+
+def agent_major(x: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """Buffer rows [S, T] -> [N, L] with L = S / N * T: row ``p * N + i`` is agent i's p-th segment, so agent i's
+    rollout is its segments in pass order."""
+    segments, horizon = x.shape
+    passes = segments // num_agents
+    return x.view(passes, num_agents, horizon).transpose(0, 1).reshape(num_agents, passes * horizon)
+
+
+def segment_major(x: torch.Tensor, segments: int) -> torch.Tensor:
+    """The inverse of ``agent_major`` for [N, L]: back to buffer rows [S, T]."""
+    num_agents, length = x.shape
+    passes = segments // num_agents
+    return x.view(num_agents, passes, length // passes).transpose(0, 1).reshape(segments, length // passes)

@@ -6,32 +6,50 @@ Every agent steps at once (the env is batched), so all agents share one write po
 write is a slice assignment: no index tensors, no device reads.
 
 The recurrent state at each row's first step is kept in ``row_state`` ``[segments]``, so training starts each BPTT
-segment from the state the rollout had there.
+segment from the state the rollout had there. Rows ``i, N + i, 2N + i, ...`` are agent i's consecutive segments: the
+advantages run over them as one trajectory (``machina.training.advantage``).
 """
+
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
+from machina.keys import Spec
 
-Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+def trajectory_spec(env_spec: EnvSpec) -> Spec:
+    """What every rollout step stores for advantages and PPO-style losses, whatever the losses: the action's
+    log-probability and value, its reward and how the episode ended after it (and V(final observation) for envs
+    whose observation carries no time)."""
+    scalar, flag = ((), torch.float32), ((), torch.bool)
+    spec = {keys.ACT_LOG_PROB: scalar, keys.VALUES: scalar, keys.REWARDS: scalar}
+    spec |= {keys.TERMINATED: flag, keys.TRUNCATED: flag}
+    if not env_spec.observes_time:
+        spec[keys.FINAL_VALUES] = scalar
+    return spec
 
 
 class Experience:
-    """Row-aligned storage of rollout steps and sequential or prioritized minibatches of whole segments.
+    """Row-aligned storage of rollout steps, and the sampler that picks the segments of each minibatch.
 
     Args:
-        spec: per-step keys to store, ``{key: (shape, dtype)}``; the union of the policy's and the losses' specs.
+        spec: per-step keys to store, ``{key: (shape, dtype)}``: the union of the policy's, the trajectory's and the
+            losses' specs.
         state_spec: recurrent state keys stored at each row start, ``{key: (shape, dtype)}``.
         num_agents: agents stepped per env step (N).
         batch_size: agent steps per epoch; a multiple of ``num_agents * bptt_horizon``.
         bptt_horizon: steps per segment (T).
         minibatch_size: agent steps per minibatch; a multiple of ``bptt_horizon`` that divides ``batch_size``.
-        sampling: "sequential" (contiguous segment slices, zero-copy) or "prioritized" (by summed |advantage|).
-        prio_alpha: priority exponent; 0 gives uniform sampling.
-        prio_beta0: initial importance-weight exponent, annealed to 1 over training.
+        sampler: a factory (``_partial_``) of a sampler (``machina.training.samplers``), called with the buffer's
+            ``segments``, ``minibatch_segments`` and ``device``.
         device: where the buffer lives.
+
+    ``last_values`` float32 [N] holds V of the observation each agent's rollout ends on (written by the rollout):
+    the bootstrap of every agent's last stored step.
     """
 
     def __init__(
@@ -42,18 +60,14 @@ class Experience:
         batch_size: int,
         bptt_horizon: int,
         minibatch_size: int,
-        sampling: str = "sequential",
-        prio_alpha: float = 0.6,
-        prio_beta0: float = 0.4,
+        sampler: Callable[..., object],
         device: torch.device | str = "cpu",
     ):
         self.segments, self.minibatch_segments = check_sizes(num_agents, batch_size, bptt_horizon, minibatch_size)
-        if sampling not in ("sequential", "prioritized"):
-            raise ConfigError(f"experience.sampling must be 'sequential' or 'prioritized', got {sampling!r}")
         self.num_agents, self.bptt_horizon, self.batch_size = num_agents, bptt_horizon, batch_size
         self.num_minibatches = self.segments // self.minibatch_segments
-        self.sampling, self.prio_alpha, self.prio_beta0 = sampling, prio_alpha, prio_beta0
         self.device = torch.device(device)
+        self.sampler = sampler(segments=self.segments, minibatch_segments=self.minibatch_segments, device=self.device)
 
         shape = (self.segments, bptt_horizon)
         self.buffer = TensorDict(
@@ -65,8 +79,7 @@ class Experience:
             {key: torch.zeros(self.segments, *s, dtype=d, device=self.device) for key, (s, d) in state_spec.items()},
             batch_size=(self.segments,),
         )
-        seg = self.minibatch_segments
-        self.slices = [slice(i * seg, (i + 1) * seg) for i in range(self.num_minibatches)]
+        self.last_values = torch.zeros(num_agents, device=self.device)
         self.step_keys = tuple(spec)
         self.state_keys = tuple(state_spec)
         self._pass = 0
@@ -99,31 +112,6 @@ class Experience:
             self._t = 0
             self._pass += 1
 
-    def segment_probs(self, advantages: torch.Tensor) -> torch.Tensor:
-        """Sampling probability of each segment, proportional to (sum_t |A|) ** alpha: float32 [segments].
-
-        Computed once per update epoch (the advantages change only between epochs), then sampled per minibatch.
-        """
-        priority = advantages.abs().sum(dim=1).nan_to_num_(0.0).pow(self.prio_alpha) + 1e-6
-        return priority / priority.sum()
-
-    def sample_prioritized(self, probs: torch.Tensor, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one minibatch of segments from ``segment_probs``.
-
-        Args:
-            probs: float32 [segments], from ``segment_probs``.
-            progress: fraction of training done, anneals beta from ``prio_beta0`` to 1.
-
-        Returns:
-            (idx int64 [minibatch_segments], weights float32 [minibatch_segments, 1]) with importance weights
-            normalised so their maximum over the buffer is 1.
-        """
-        idx = torch.multinomial(probs, self.minibatch_segments, replacement=False)
-        beta = self.prio_beta0 + (1.0 - self.prio_beta0) * min(max(progress, 0.0), 1.0)
-        weights = (self.segments * probs[idx]).pow(-beta)
-        weights = weights / (self.segments * probs.min()).pow(-beta)
-        return idx, weights.unsqueeze(1)
-
 
 def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_size: int) -> tuple[int, int]:
     """Validate the batch arithmetic; return (segments, minibatch_segments). Errors name the setting to change."""
@@ -135,8 +123,6 @@ def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_s
     ):
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if bptt_horizon < 2:
-        raise ConfigError(f"experience.bptt_horizon={bptt_horizon} must be at least 2 (one step bootstraps the rest)")
     per_pass = num_agents * bptt_horizon
     if batch_size % per_pass:
         lower = max(per_pass, batch_size // per_pass * per_pass)

@@ -1,10 +1,14 @@
 """The training phase: ``update_epochs`` passes of minibatches over the full buffer.
 
-Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms, backward, grad-norm clip,
-optimizer step, ``zero_grad(set_to_none=True)``. Metrics stay on the device and are summed; the trainer reads them
-once per epoch. Under torchrun the forward goes through DDP (``machina.distributed.wrap``), which averages the
-gradients over the ranks during backward.
+Per update epoch: advantages over every agent's whole rollout (V-trace ratios from the previous pass), then the
+sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms,
+backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``. Metrics stay on the device and are
+summed; the trainer reads them once per epoch. Under torchrun the forward goes through DDP
+(``machina.distributed.wrap``), which averages the gradients over the ranks during backward.
 """
+
+import math
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
@@ -14,7 +18,7 @@ from machina import distributed, keys
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
-from machina.training.advantage import compute_advantages
+from machina.training.advantage import agent_major, compute_advantages, segment_major
 from machina.training.experience import Experience
 
 
@@ -26,6 +30,10 @@ class Learner:
         update_epochs: passes over the buffer per epoch.
         max_grad_norm: global gradient-norm clip.
         gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: advantage settings (see ``compute_advantages``).
+        lr_schedule: multiplier of each parameter group's configured learning rate, from the fraction of training
+            done (``machina.training.lr_schedules``); set once per epoch.
+        target_kl: stop the epoch's remaining update passes once a pass's mean ``approx_kl`` (PPO's metric)
+            exceeds it (CleanRL's ``target_kl``); costs one host read per update pass. None: never.
     """
 
     def __init__(
@@ -41,44 +49,54 @@ class Learner:
         gae_lambda: float,
         vtrace_rho_clip: float,
         vtrace_c_clip: float,
+        lr_schedule: Callable[[float], float],
+        target_kl: float | None = None,
     ):
+        if target_kl is not None and not (isinstance(target_kl, int | float) and math.isfinite(target_kl)):
+            raise ValueError(f"trainer.target_kl={target_kl!r} must be a finite number or null")
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
         self.model = distributed.wrap(policy)  # the policy itself in a single process
         self.stopwatch = stopwatch
         self.update_epochs, self.max_grad_norm = update_epochs, max_grad_norm
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.rho_bar, self.c_bar = vtrace_rho_clip, vtrace_c_clip
-        buffer = experience.buffer
-        self.has_values = keys.VALUES in buffer.keys() and keys.REWARDS in buffer.keys()
-        self.has_log_prob = keys.ACT_LOG_PROB in buffer.keys()
+        self.lr_schedule, self.target_kl = lr_schedule, target_kl
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         seg, horizon = experience.minibatch_segments, experience.bptt_horizon
         self._ones = torch.ones(seg, horizon, device=experience.device)
-        self.sums: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
+        self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
 
     def run(self, progress: Progress) -> None:
         exp, sw = self.experience, self.stopwatch
         buffer = exp.buffer
-        for _ in range(self.update_epochs):
+        multiplier = self.lr_schedule(progress.fraction)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * multiplier
+        self.once["train/lr"] = self.base_lrs[0] * multiplier
+        passes = 0
+        for update in range(self.update_epochs):
             with sw.time("train.advantage"):
                 advantages = self._advantages(buffer)
-                if exp.sampling == "prioritized":
-                    probs = exp.segment_probs(advantages)
+                if update == 0:
+                    self.once["experience/explained_variance"] = explained_variance(
+                        buffer[keys.VALUES], advantages + buffer[keys.VALUES]
+                    )
+                exp.sampler.prepare(advantages, progress.fraction)
+            kl_sum = torch.zeros((), device=exp.device)
             for mb_index in range(exp.num_minibatches):
                 with sw.time("train.sample"):
-                    if exp.sampling == "prioritized":
-                        idx, weights = exp.sample_prioritized(probs, progress.fraction)
-                        weights = weights.expand_as(self._ones)
-                    else:
-                        idx, weights = exp.slices[mb_index], self._ones
+                    idx, weights = exp.sampler.minibatch(mb_index)
                     stored = buffer[idx]
                     minibatch = stored.copy()  # shallow: losses may add keys without touching the buffer
                     minibatch[keys.ADVANTAGES] = advantages[idx]
-                    minibatch[keys.PRIO_WEIGHTS] = weights
+                    minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
                     state = exp.row_state[idx]
                 with sw.time("train.forward"):
                     policy_out = self.model(training_input(stored, state))
-                    total = self._losses(minibatch, policy_out, progress)
+                    total, kl = self._losses(minibatch, policy_out, progress)
+                    kl_sum += kl
                     if self.model is not self.policy:
                         total = total + distributed.zero_term(self.policy)
                 with sw.time("train.backward"):
@@ -88,36 +106,58 @@ class Learner:
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                     self._add("train/grad_norm", grad_norm)
-                    if self.has_log_prob:
-                        # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
-                        new_log_prob = policy_out[keys.ACT_LOG_PROB].detach()
-                        buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
+                    # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
+                    new_log_prob = policy_out[keys.ACT_LOG_PROB].detach()
+                    buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
                 self.minibatches += 1
+            passes += 1
+            if self.target_kl is not None and float(kl_sum) / exp.num_minibatches > self.target_kl:
+                break  # the one host read of an update pass, only with target_kl set
+        self.once["train/update_passes"] = float(passes)
 
     def _advantages(self, buffer: TensorDict) -> torch.Tensor:
-        if not self.has_values:
-            return torch.zeros(buffer.batch_size, device=self.experience.device)
-        return compute_advantages(
-            buffer[keys.VALUES],
-            buffer[keys.REWARDS],
-            buffer[keys.EPISODE_START],
-            buffer[keys.RATIO],
+        """float32 [S, T]: advantages over each agent's whole rollout, in the buffer's segment layout."""
+        n, segments = self.experience.num_agents, self.experience.segments
+
+        def trajectories(key: str) -> torch.Tensor:
+            return agent_major(buffer[key], n)
+
+        final = trajectories(keys.FINAL_VALUES) if keys.FINAL_VALUES in buffer.keys() else None
+        values = trajectories(keys.VALUES)
+        advantages = compute_advantages(
+            values,
+            trajectories(keys.REWARDS),
+            trajectories(keys.TERMINATED),
+            trajectories(keys.TRUNCATED),
+            torch.zeros_like(values) if final is None else final,
+            self.experience.last_values,
+            trajectories(keys.RATIO),
             self.gamma,
             self.gae_lambda,
             self.rho_bar,
             self.c_bar,
         )
+        return segment_major(advantages, segments)
 
-    def _losses(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> torch.Tensor:
+    def _losses(
+        self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed ``loss_*`` terms and the summed ``approx_kl`` metrics (for target_kl) of one minibatch."""
         total = torch.zeros((), device=self.experience.device)
+        kl = torch.zeros((), device=self.experience.device)
         for name, loss in self.losses.items():
             for key, value in loss(minibatch, policy_out, progress).items():
-                if key.startswith("loss_"):
+                metric = f"losses/{name}/{key}"
+                if not isinstance(value, torch.Tensor):
+                    self.once[metric] = float(value)  # a host value: never sent to the device
+                elif key.startswith("loss_"):
                     total = total + value
-                    self._add(f"losses/{name}/{key}", value.detach())
+                    self._add(metric, value.detach())
                 else:
-                    self._add(f"losses/{name}/{key}", value)
-        return total
+                    self._add(metric, value)
+                    if key == "approx_kl":
+                        kl = kl + value
+        return total, kl
 
     def _add(self, name: str, value: torch.Tensor) -> None:
         if name in self.sums:
@@ -125,9 +165,23 @@ class Learner:
         else:
             self.sums[name] = value.detach().clone()
 
-    def pop_metrics(self) -> dict[str, torch.Tensor]:
-        """Mean of every metric over the minibatches since the last call, as 0-d device tensors."""
+    def pop_metrics(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """(device metrics, host metrics) since the last call: the mean over the minibatches of every summed
+        metric plus the epoch's buffer statistics as 0-d device tensors, and the host values as floats."""
         n = max(self.minibatches, 1)
-        means = {name: total / n for name, total in self.sums.items()}
-        self.sums, self.minibatches = {}, 0
-        return means
+        device = {name: total / n for name, total in self.sums.items()}
+        host = {}
+        for name, value in self.once.items():
+            if isinstance(value, torch.Tensor):
+                device[name] = value
+            else:
+                host[name] = value
+        self.sums, self.once, self.minibatches = {}, {}, 0
+        return device, host
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), over all samples (CleanRL's ``explained_var``): 1 is a perfect
+    critic, 0 no better than a constant, negative worse. A 0-d device tensor (NaN when the returns are constant)."""
+    total_var = returns.var()
+    return torch.where(total_var > 0, 1.0 - (returns - values).var() / total_var, float("nan"))

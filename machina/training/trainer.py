@@ -5,6 +5,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -36,7 +37,8 @@ class Trainer:
 
     Args:
         total_timesteps: agent steps to train for, summed over the ranks under torchrun.
-        update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: see ``Learner``.
+        update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip, lr_schedule, target_kl:
+            see ``Learner``.
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
         eval_interval: epochs between evaluations on held-out layouts (``eval/*`` metrics); 0 turns them off.
@@ -70,6 +72,8 @@ class Trainer:
         experience: Experience,
         optimizer: torch.optim.Optimizer,
         sinks: list,
+        lr_schedule: Callable[[float], float],
+        target_kl: float | None = None,
         keep_checkpoints: int = 3,
         replay_interval: int = 0,
         checkpointer: Checkpointer | None = None,
@@ -107,6 +111,8 @@ class Trainer:
             gae_lambda,
             vtrace_rho_clip,
             vtrace_c_clip,
+            lr_schedule,
+            target_kl,
         )
         self.agent_step = 0
         self.epoch = 0
@@ -197,13 +203,15 @@ class Trainer:
     def _epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
         # Under torchrun: loss and buffer metrics are means over the ranks (a NaN on one rank stops them all), the
         # env's episode sums are summed, so the episode means are over every rank's episodes.
+        learner_metrics, host_metrics = self.learner.pop_metrics()
         means, stats = distributed.reduce_epoch(
-            {**self.learner.pop_metrics(), **buffer_metrics(self.experience)}, self.env.episode_stats()
+            {**learner_metrics, **buffer_metrics(self.experience)}, self.env.episode_stats()
         )
         device_metrics = {**means, **episode_metrics(stats)}
         # The one host read of the epoch: every device metric at once.
         values = torch.stack([v.float() for v in device_metrics.values()]).tolist()
         metrics = dict(zip(device_metrics, values, strict=True))
+        metrics.update(host_metrics)
         metrics.update(
             {
                 "metric/agent_step": self.agent_step,

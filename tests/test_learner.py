@@ -1,0 +1,101 @@
+"""The learner's schedule, early stop and metrics: LR schedules from their definitions, target_kl, and metrics that
+live on the data's device (or are host floats kept apart), made without constructing tensors from Python data."""
+
+import math
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from machina.build import build, build_trainer
+from machina.training.lr_schedules import Constant, Cosine, Linear
+from tests.conftest import compose_config
+from tests.test_rollout import TINY
+
+
+def test_lr_schedules_follow_their_definitions():
+    for fraction in (0.0, 0.25, 0.5, 1.0):
+        assert Constant()(fraction) == 1.0
+        assert Linear()(fraction) == pytest.approx(1.0 - fraction)  # CleanRL: lrnow = frac * lr, frac = 1 - done
+        assert Linear(floor=0.1)(fraction) == pytest.approx(1.0 - 0.9 * fraction)
+        cosine = 0.5 * (1 + math.cos(math.pi * fraction))
+        assert Cosine(floor=0.2)(fraction) == pytest.approx(0.2 + 0.8 * cosine)
+    with pytest.raises(ValueError, match="trainer.lr_schedule.floor"):
+        Linear(floor=1.5)
+
+
+def make_trainer(overrides):
+    cfg = compose_config([*TINY, *overrides])
+    return build_trainer(cfg, build(cfg), sinks=[])
+
+
+def test_the_learner_sets_the_scheduled_learning_rate_of_every_group():
+    trainer = make_trainer(["trainer/lr_schedule=linear", "optimizer.lr=0.002", "trainer.total_timesteps=4096"])
+    trainer.train()  # 4 epochs: the learner runs at fractions 1/4 .. 4/4 of training
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+    host = trainer.history[-1]
+    assert trainer.history and "overview/reward" in host
+    trainer.total_timesteps = 8192
+    trainer.learner.run(trainer.progress)  # agent step 4096 of 8192
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
+    _, host_metrics = trainer.learner.pop_metrics()
+    assert host_metrics["train/lr"] == pytest.approx(0.001)
+
+
+def test_target_kl_stops_the_update_passes_early():
+    trainer = make_trainer(["trainer.update_epochs=4", "trainer.target_kl=1e-9", "optimizer.lr=0.01"])
+    trainer.rollout.run(trainer.progress)
+    trainer.learner.run(trainer.progress)
+    _, host = trainer.learner.pop_metrics()
+    assert host["train/update_passes"] == 1.0  # the first pass moved the policy past the tiny target
+    free = make_trainer(["trainer.update_epochs=4"])
+    free.rollout.run(free.progress)
+    free.learner.run(free.progress)
+    assert free.learner.pop_metrics()[1]["train/update_passes"] == 4.0
+
+
+@contextmanager
+def count_tensor_constructions(calls: list[str]):
+    """Record torch.tensor / torch.as_tensor calls: each copies Python data to a device (a blocking copy on a GPU)."""
+    saved = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
+
+    def counting(name):
+        def construct(*args, **kwargs):
+            calls.append(name)
+            return saved[name](*args, **kwargs)
+
+        return construct
+
+    try:
+        for name in saved:
+            setattr(torch, name, counting(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        ["losses=[ppo]", "experience/sampler=prioritized"],
+        ["losses=[ppo]"],
+    ],
+    ids=lambda o: o[0],
+)
+def test_metrics_stay_on_the_data_device_and_no_tensor_is_made_from_python_data(losses):
+    trainer = make_trainer(losses)
+    trainer.rollout.run(trainer.progress)
+    trainer.learner.run(trainer.progress)  # warm-up: the optimizer creates its state (step counters) once
+    trainer.learner.pop_metrics()
+    calls: list[str] = []
+    with count_tensor_constructions(calls):
+        trainer.rollout.run(trainer.progress)
+        trainer.learner.run(trainer.progress)
+    assert calls == []
+    device_metrics, host_metrics = trainer.learner.pop_metrics()
+    assert device_metrics and all(
+        v.device == trainer.experience.device and v.dim() == 0 for v in device_metrics.values()
+    )
+    assert all(isinstance(v, float) for v in host_metrics.values())
+    assert "experience/explained_variance" in device_metrics and "train/lr" in host_metrics

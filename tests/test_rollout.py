@@ -1,0 +1,75 @@
+"""What the rollout stores is what happened: the action the env executed, the policy's log-probability of it, the
+reward and episode end the env returned for it, for every loss combination that makes agents teacher-led."""
+
+import pytest
+import torch
+
+from machina import keys
+from machina.build import build, build_trainer
+from machina.policy.inputs import rollout_input, training_input
+from machina.training.advantage import agent_major
+from tests.conftest import compose_config
+
+TINY = [
+    "env.num_envs=8",
+    "env.max_steps=12",
+    "experience.batch_size=1024",
+    "experience.bptt_horizon=8",
+    "experience.minibatch_size=256",
+    "wandb=disabled",
+]
+TEACHER_LED = [
+    ["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=0.5"],
+    ["losses=[sliced_scripted_cloner,ppo]", "losses.sliced_scripted_cloner.teacher_led_proportion=0.4"],
+    ["losses=[ppo,supervisor,eer_cloner]", "losses.supervisor.teacher_led_proportion=0.5"],
+]
+
+
+def recorded_rollout(overrides):
+    """Run one rollout, recording every env.step's actions and results; return (trainer, actions, results)."""
+    cfg = compose_config([*TINY, *overrides])
+    parts = build(cfg)
+    trainer = build_trainer(cfg, parts, sinks=[])
+    env, executed, results = parts.env, [], []
+    step = env.step
+
+    def recording_step(actions):
+        executed.append(actions.clone())
+        result = step(actions)
+        results.append(result.clone())
+        return result
+
+    env.step = recording_step
+    trainer.rollout.run(trainer.progress)
+    return trainer, torch.stack(executed, 1), results  # actions [N, steps]
+
+
+@pytest.mark.parametrize("overrides", TEACHER_LED, ids=lambda o: o[0])
+def test_every_stored_action_was_executed_with_the_policys_log_prob_of_it(overrides):
+    trainer, executed, _ = recorded_rollout(overrides)
+    buffer, n = trainer.experience.buffer, trainer.experience.num_agents
+    assert torch.equal(agent_major(buffer[keys.ACTIONS], n), executed)
+    teacher = agent_major(buffer[keys.TEACHER_ACTIONS], n)
+    led = (executed == teacher) & (agent_major(buffer[keys.ACT_LOG_PROB], n) < -0.5)
+    assert led.float().mean() > 0.1  # teacher-led steps happened (and they are among the executed actions)
+    with torch.no_grad():
+        trainer.policy.eval()
+        again = trainer.policy(training_input(buffer, trainer.experience.row_state))[keys.ACT_LOG_PROB]
+    torch.testing.assert_close(buffer[keys.ACT_LOG_PROB], again, rtol=1e-4, atol=1e-5)
+
+
+def test_each_step_stores_the_reward_and_episode_end_of_its_own_action():
+    trainer, _, results = recorded_rollout(["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=1.0"])
+    buffer, n = trainer.experience.buffer, trainer.experience.num_agents
+    for key in (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED):
+        want = torch.stack([r[key] for r in results], 1)
+        assert torch.equal(agent_major(buffer[key], n), want), key
+    rewards = agent_major(buffer[keys.REWARDS], n)
+    assert rewards.sum() > 0  # the teacher gathers: rewards arrive and are stored with the step that earned them
+    starts = agent_major(buffer[keys.EPISODE_START], n)
+    ended = agent_major(buffer[keys.TERMINATED] | buffer[keys.TRUNCATED], n)
+    assert torch.equal(starts[:, 1:].bool(), ended[:, :-1])  # an episode starts right after one ended
+    # The bootstrap of every agent's last step: V of the observation the rollout ends on, with the state it ends in.
+    with torch.no_grad():
+        ending = trainer.policy(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
+    torch.testing.assert_close(trainer.experience.last_values, ending.squeeze(1))
