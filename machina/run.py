@@ -1,12 +1,20 @@
-"""Train an experiment: build its parts (``machina.build``), set up the run folder, sinks and checkpoints, resume
-if a checkpoint exists, and run the trainer. Library code receives objects, never a DictConfig.
+"""Train an experiment: build its parts (``machina.build``), accept the checkpoint it resumes from (if any), then set
+up the run folder, sinks and checkpoints, and run the trainer. Library code receives objects, never a DictConfig.
 
-Under torchrun every rank runs this and resumes from the same checkpoint; rank 0 alone writes the run folder,
-metrics.jsonl, W&B and checkpoints (docs/distributed.md).
+The run folder is safe to reuse. A run holds its lock (``machina.run_lock``) for as long as it runs, so a second run
+on the same folder stops at start-up. Nothing in the folder changes until a resume has been accepted: the checkpoint
+is read (checksum verified, its policy only allow-listed plain data), checked against this run, and restored into the
+built trainer; only then are resolved_config.yaml and metrics.jsonl rewritten and the sinks opened. Two things happen
+before machina runs and are not covered: Hydra writes ``.hydra/`` and appends to the folder's log, and the lock file
+``.machina.lock`` is created (with the run folder, when it does not exist yet).
+
+Under torchrun every rank runs this and resumes from the same checkpoint; rank 0 alone holds the lock and writes the
+run folder, metrics.jsonl, W&B and checkpoints (docs/distributed.md).
 """
 
 import logging
 import secrets
+from contextlib import nullcontext
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -18,9 +26,10 @@ from machina.errors import ConfigError
 from machina.evaluation import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
-from machina.training.checkpoint import Checkpointer, find_checkpoint, load_checkpoint, trim_metrics
+from machina.run_lock import RunLock
+from machina.training.checkpoint import Checkpointer, check_same_run, find_checkpoint, load_checkpoint, trim_metrics
 from machina.training.periodic_eval import PeriodicEval
-from machina.validation import check_types
+from machina.validation import check_ranges, check_types
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +38,43 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     """Train the experiment ``cfg`` describes; return the summary metric ``cfg.objective`` (a sweeper's objective).
 
     Resumes from ``cfg.resume`` (a checkpoint file or run folder) or, when that is null, from the latest checkpoint
-    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it.
+    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it. A ``resume`` from
+    another folder is refused when ``run_dir`` already holds a run's history.
     """
     run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     check_types(resolved)
+    check_ranges(resolved)
+    main = distributed.rank() == 0
+    with RunLock(run_dir) if main else nullcontext():
+        return run_locked(cfg, resolved, run_dir, main)
+
+
+def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> float:
+    """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
     resume_from = find_checkpoint(cfg.get("resume"), run_dir)
     checkpoint = load_checkpoint(resume_from) if resume_from else None
+    if checkpoint and main and cfg.get("resume") is not None:
+        check_same_run(resume_from, run_dir)
     parts = build(cfg, distributed.rank())
     env, policy = parts.env, parts.policy
-    main = distributed.rank() == 0
-
-    if main:
-        prepare_run_dir(run_dir, resolved, checkpoint["epoch"] if checkpoint else 0)
     # A resume logs into the checkpoint's W&B run; a new run gets its id here, so its first checkpoint records it.
     run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
     checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
-    wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg)) if main else None
-    sinks = [ConsoleSink(cfg.trainer.total_timesteps), JsonlSink(run_dir / "metrics.jsonl"), wandb] if main else []
-    evaluator = periodic_eval(cfg, resolved, parts, run_dir, wandb) if main else None
-    trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer, evaluator=evaluator)
+    evaluator = periodic_eval(cfg, resolved, parts, run_dir, None) if main else None
+    # The sinks open below, once the resume is accepted.
+    trainer = build_trainer(cfg, parts, sinks=[], checkpointer=checkpointer, evaluator=evaluator)
+    wandb = None
     if checkpoint:
         checkpointer.restore(trainer, checkpoint, resume_from)
         log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
+    if main:  # accepted: from here on the run folder changes
+        checkpointer.prepare()
+        prepare_run_dir(run_dir, resolved, trainer.epoch)
+        wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg))
+        trainer.sinks = [ConsoleSink(cfg.trainer.total_timesteps), JsonlSink(run_dir / "metrics.jsonl"), wandb]
+        if evaluator is not None:
+            evaluator.wandb = wandb  # replays go to W&B as media
     log.info(
         "run %s | %s agents x %d ranks | losses %s | emit_full_log_probs=%s | device %s",
         run_dir,
@@ -69,7 +92,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         if wandb:
             wandb.summarize(summary)
     finally:
-        for sink in sinks:
+        for sink in trainer.sinks:
             sink.close()
     log.info("done: %s", ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     return summary[cfg.objective]

@@ -1,5 +1,7 @@
-"""Start-up checks of the composed config: plain values against constructor annotations."""
+"""Start-up checks of the composed config: plain values against constructor annotations, and the ranges of the
+settings whose constructors take any number."""
 
+import math
 import types
 import typing
 from typing import Any
@@ -58,3 +60,19 @@ def fits(value: Any, annotation: Any) -> bool:
         if member in (bool, str, type(None)) and isinstance(value, member):
             return True
     return False
+
+
+# Keys whose value must be a finite number >= 0 (torch's optimizers refuse a negative one only with a traceback, and
+# take an infinite one).
+NON_NEGATIVE = ("optimizer.lr", "optimizer.eps")
+
+
+def check_ranges(resolved: dict[str, Any]) -> None:
+    """Refuse a non-finite or negative value of a ``NON_NEGATIVE`` key, naming the key and the value. Values that are
+    not numbers are left to ``check_types``; a key the chosen option does not have is not checked."""
+    for key in NON_NEGATIVE:
+        node: Any = resolved
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, int | float) and not isinstance(node, bool) and not (math.isfinite(node) and node >= 0):
+            raise ConfigError(f"{key}={node!r} must be a finite number >= 0; fix the value of {key}")

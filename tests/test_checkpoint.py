@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -72,15 +73,19 @@ def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("timing/") and "sps" not in k} for r in rows]
 
 
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-    """A policy file with random weights: a teacher for eer_kickstarter."""
+def random_policy_file(path):
+    """Write a policy file with random weights (TINY's policy and env) to ``path``; return ``path``."""
     cfg = compose_config(TINY)
     env = instantiate(cfg.env, teacher=False)
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
-    path = tmp_path_factory.mktemp("teacher") / "policy.pt"
     torch.save(policy_payload(policy, OmegaConf.to_container(cfg.policy, resolve=True), env.spec.obs), path)
     return path
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A policy file with random weights: a teacher for eer_kickstarter."""
+    return random_policy_file(tmp_path_factory.mktemp("teacher") / "policy.pt")
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +139,12 @@ def test_kill_9_between_checkpoints_then_resume(tmp_path):
     while not (run_dir / "checkpoints" / "checkpoint_000002.pt").exists() and proc.poll() is None:
         assert time.time() < deadline
         time.sleep(0.02)
+    # The folder is in use: a second run on it stops at start-up, naming the process that holds it.
+    second = subprocess.run([*args, "trainer.total_timesteps=1"], cwd=ROOT, capture_output=True, text=True)
+    assert second.returncode == 2 and f"is in use by PID {proc.pid} on host" in second.stdout + second.stderr
     proc.kill()
     proc.wait()
+    assert (run_dir / ".machina.lock").read_text().startswith(f"PID {proc.pid} ")  # stale: it must not block
     for path in (run_dir / "checkpoints").glob("*.pt"):
         load_checkpoint(path) if path.name.startswith("checkpoint") else load_policy(path)
     latest = max(load_checkpoint(p)["epoch"] for p in (run_dir / "checkpoints").glob("checkpoint_*.pt"))
@@ -182,15 +191,42 @@ def test_sigint_checkpoints_at_the_epoch_end_or_abandons_the_epoch(tmp_path, mon
         assert "interrupted twice" in message and "no checkpoint was written" in message and checkpoints == []
 
 
-def test_full_disk_stops_training_naming_the_file(tmp_path, monkeypatch):
-    def no_space(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        # What torch.save raises on a full disk: a RuntimeError, not an OSError.
+        RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 384 vs 320\nNo space left on device"),
+        PermissionError(errno.EACCES, "Permission denied"),  # the folder became unwritable after start-up
+    ],
+    ids=["OSError", "RuntimeError", "unwritable"],
+)
+def test_failed_checkpoint_write_stops_naming_the_file_and_keeps_the_last(tmp_path, monkeypatch, failure):
+    save, open_ = torch.save, Path.open
 
-    monkeypatch.setattr(torch, "save", no_space)
-    code, message = run_reporting(tmp_path, epochs=1)
-    assert code == 2
-    assert "cannot write checkpoint" in message and "No space left on device" in message
-    assert "checkpoint_000001.pt" in message and not list((tmp_path / "checkpoints").iterdir())
+    def failing_save(data, f, *args, **kwargs):
+        if data.get("epoch") == 2:  # the training checkpoint of epoch 2 (its policy file is written before it)
+            raise failure
+        return save(data, f, *args, **kwargs)
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if path.name.startswith(".checkpoint_000002") and "w" in mode:
+            raise failure
+        return open_(path, mode, *args, **kwargs)
+
+    if isinstance(failure, PermissionError):
+        monkeypatch.setattr(Path, "open", failing_open)
+    else:
+        monkeypatch.setattr(torch, "save", failing_save)
+    code, message = run_reporting(tmp_path, epochs=3)
+    assert code == 2 and "\n" not in message, message
+    reason = "Permission denied" if isinstance(failure, PermissionError) else "No space left on device"
+    assert "cannot write checkpoint" in message and "checkpoint_000002.pt" in message and reason in message
+    assert "the last good checkpoint" in message and "checkpoint_000001.pt' is kept" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("checkpoint")) == [
+        "checkpoint_000001.pt"
+    ]
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
 
 
 def test_checkpoint_with_pickled_objects_or_truncated_is_refused(short_run, tmp_path):

@@ -32,6 +32,11 @@ class Env:
         """Start every env afresh; return the first observations (zero rewards, no episode ends)."""
         raise NotImplementedError
 
+    def observe(self) -> TensorDict:
+        """The current observations as ``reset`` returns them (zero rewards, no episode ends), changing nothing:
+        what a restored rollout acts on next when the env's live state was not in its checkpoint."""
+        raise NotImplementedError
+
     def step(self, actions: torch.Tensor) -> TensorDict:
         """Act with int64 ``actions`` [N]; see the class docstring for what comes back."""
         raise NotImplementedError

@@ -1,20 +1,23 @@
 """Policy files: weights plus the plain-data architecture needed to rebuild the policy, loaded safely.
 
-A policy file is a dict of plain data and tensors only (``torch.load(weights_only=True)`` refuses anything else,
-so a file from an untrusted source cannot run code):
+A policy file is a dict of plain data and tensors only:
     {"format": "machina.policy/1", "architecture": <resolved policy config>, "obs_spec": {...},
-     "num_actions": int, "state_dict": {...}}
+     "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.checksum>}
+A file from an untrusted source cannot run code: ``torch.load(weights_only=True)`` refuses pickled objects, and the
+policy is rebuilt from the architecture through machina's own classes only (``machina.policy.allowlist``), never by
+``hydra.utils.instantiate``. A damaged file (its checksum does not match) or one without a checksum is refused.
 """
 
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from torch import nn
 
+from machina import checksum
 from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spec_to_dict
 from machina.errors import ConfigError
+from machina.policy.allowlist import build_policy, check_architecture
 
 FORMAT = "machina.policy/1"
 
@@ -22,17 +25,20 @@ FORMAT = "machina.policy/1"
 def policy_payload(
     policy: nn.Module, architecture: dict[str, Any], obs_spec: ObsSpec | VectorObsSpec
 ) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "architecture": architecture,
-        "obs_spec": obs_spec_to_dict(obs_spec),
-        "num_actions": int(policy.num_actions),
-        "state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
-    }
+    """What a policy file holds (sealed with its checksum): ``torch.save`` it as it is."""
+    return checksum.seal(
+        {
+            "format": FORMAT,
+            "architecture": architecture,
+            "obs_spec": obs_spec_to_dict(obs_spec),
+            "num_actions": int(policy.num_actions),
+            "state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
+        }
+    )
 
 
 def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` with clear errors for a missing, truncated or foreign file."""
+    """``torch.load(weights_only=True)`` with clear errors for a missing, truncated, damaged or foreign file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {str(path)!r} does not exist")
@@ -45,21 +51,37 @@ def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or "format" not in data:
         raise ConfigError(f"checkpoint {str(path)!r} is not a machina checkpoint (no 'format' entry)")
+    why = checksum.problem(data)
+    if why:
+        raise ConfigError(f"checkpoint {str(path)!r} is refused: {why}")
     return data
 
 
-def load_policy(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ObsSpec | VectorObsSpec]:
+def check_policy_data(policy_data: Any, path: str | Path) -> None:
+    """Refuse a policy part (of a policy file or a checkpoint) that is not plain data machina can rebuild."""
+    where = f"checkpoint {str(path)!r}"
+    if not isinstance(policy_data, dict) or policy_data.get("format") != FORMAT:
+        found = policy_data.get("format") if isinstance(policy_data, dict) else type(policy_data).__name__
+        raise ConfigError(f"{where} has a policy of format {found!r}, expected {FORMAT!r}")
+    check_architecture(policy_data.get("architecture"), where)
+    num_actions = policy_data.get("num_actions")
+    if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
+        raise ConfigError(f"{where}: num_actions is {num_actions!r}, not a positive integer")
+
+
+def load_policy(
+    path: str | Path, device: torch.device | str = "cpu", emit_full_log_probs: bool = False
+) -> tuple[nn.Module, ObsSpec | VectorObsSpec]:
     """Rebuild a policy from a policy file (or the policy part of a training checkpoint); return it and its
-    observation spec."""
+    observation spec. ``emit_full_log_probs`` is the caller's choice (off by default), not the file's."""
     data = read_checkpoint_file(path)
     policy_data = data.get("policy", data)
-    if policy_data.get("format") != FORMAT:
-        raise ConfigError(f"checkpoint {str(path)!r} has format {policy_data.get('format')!r}, expected {FORMAT!r}")
+    check_policy_data(policy_data, path)
     try:
         obs_spec = obs_spec_from_dict(policy_data["obs_spec"])
-        policy = instantiate(policy_data["architecture"], obs_spec=obs_spec, num_actions=policy_data["num_actions"])
+        policy = build_policy(policy_data["architecture"], obs_spec, policy_data["num_actions"], emit_full_log_probs)
         policy.load_state_dict(policy_data["state_dict"])
-    except Exception as err:  # noqa: BLE001 - a stale or edited file fails in instantiate or load_state_dict
+    except Exception as err:  # noqa: BLE001 - a stale or edited file fails in the constructors or load_state_dict
         raise ConfigError(
             f"checkpoint {str(path)!r}: its policy cannot be rebuilt from its own architecture "
             f"({type(err).__name__}: {str(err)[:200]}); it was written by another machina version or edited"

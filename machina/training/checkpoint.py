@@ -19,8 +19,10 @@ A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=T
     history             per-epoch agent_step / reward / SPS, so the run summary spans resumes
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
     config              the resolved config of the run that wrote it
-Schedules are pure functions of agent_step, so the counters restore them. The experience buffer is not saved: at an
-epoch boundary every row of it is rewritten before it is read again.
+    checksum            sha256 of everything above (``machina.checksum``), verified on load
+Checkpoints are written only with finite parameters and optimizer state. Schedules are pure functions of agent_step,
+so the counters restore them. The experience buffer is not saved: at an epoch boundary every row of it is rewritten
+before it is read again.
 """
 
 import json
@@ -33,23 +35,32 @@ from typing import Any, BinaryIO
 
 import torch
 
-from machina import distributed
+from machina import checksum, distributed
 from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
-from machina.policy.io import policy_payload, read_checkpoint_file
-from machina.training.state import capture_losses, capture_rng, pack, restore_losses, restore_rng, unpack
+from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
+from machina.training.state import (
+    capture_losses,
+    capture_rng,
+    nonfinite,
+    pack,
+    restore_losses,
+    restore_rng,
+    unpack,
+)
 
 log = logging.getLogger(__name__)
 
 FORMAT = "machina.checkpoint/1"
 CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
+POLICY = re.compile(r"policy_(\d+)\.pt")
 
 
 class Checkpointer:
     """Writes checkpoints of a trainer into ``directory`` and restores a trainer from one.
 
     Args:
-        directory: ``<run_dir>/checkpoints``; created, and checked to be writable at start-up.
+        directory: ``<run_dir>/checkpoints``; created, and checked to be writable, by ``prepare``.
         architecture: the resolved ``policy`` config, enough to rebuild the policy.
         obs_spec: the env's observation spec, stored with the policy.
         config: the resolved run config, stored for the record and compared on resume.
@@ -67,11 +78,11 @@ class Checkpointer:
         self.directory = Path(directory)
         self.architecture, self.obs_spec, self.config = architecture, obs_spec, config
         self.wandb_run_id = wandb_run_id
-        if distributed.rank() == 0:  # the only writer
-            self._check_writable()
         self.latest: Path | None = latest_checkpoint(self.directory)
 
-    def _check_writable(self) -> None:
+    def prepare(self) -> None:
+        """Create the folder and check it is writable; called by the writer (rank 0) once a resume has been accepted
+        (before that, nothing in the run folder may change)."""
         probe = self.directory / ".write_test"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -88,10 +99,20 @@ class Checkpointer:
 
     def save(self, trainer, keep: int) -> Path:
         """Write ``policy_<epoch>.pt`` then ``checkpoint_<epoch>.pt`` (the commit point), and keep the last
-        ``keep`` checkpoints. A failed write stops training and names the file; the previous checkpoint stays.
+        ``keep`` checkpoints. Non-finite parameters or optimizer state, or a failed write (full disk, folder no
+        longer writable), stop training naming the epoch or the file; the previous checkpoint stays the newest.
         Under torchrun every rank calls this at the same epoch and rank 0 writes every rank's state."""
         name = f"{trainer.epoch:06d}.pt"
         path = self.directory / f"checkpoint_{name}"
+        # Every rank holds the same parameters and optimizer state (DDP), so every rank takes the same decision.
+        bad = nonfinite({"policy": trainer.policy.state_dict(), "optimizer": trainer.optimizer.state_dict()["state"]})
+        if bad:
+            raise TrainingStopped(
+                f"non-finite values after epoch {trainer.epoch} in {', '.join(bad[:3])}"
+                + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+                + f": checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
+                "coefficients or trainer.max_grad_norm"
+            )
         ranks = distributed.gather_to_main(
             {
                 "env": trainer.env.state_dict(),
@@ -118,12 +139,13 @@ class Checkpointer:
         }
         try:
             atomic_write(self.directory / f"policy_{name}", lambda f: torch.save(payload, f))
-            atomic_write(path, lambda f: torch.save(state, f))
-        except OSError as err:
-            kept = f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
+            atomic_write(path, lambda f: torch.save(checksum.seal(state), f))
+        # torch.save reports a failed write (a full disk) as a RuntimeError, the temp file's open as an OSError.
+        except (OSError, RuntimeError) as err:
+            reason = " ".join(str(getattr(err, "strerror", None) or err).split())[:300]
             raise TrainingStopped(
-                f"cannot write checkpoint {str(path)!r} ({err.strerror or err}); free disk space or make the folder "
-                f"writable, then rerun the same command to resume ({kept})"
+                f"cannot write checkpoint {str(path)!r} ({reason}); free disk space or make the folder writable, "
+                f"then rerun the same command to resume ({self._kept()})"
             ) from None
         self.latest = path
         found = checkpoints(self.directory)
@@ -139,9 +161,14 @@ class Checkpointer:
 
     def restore(self, trainer, data: dict[str, Any], source: Path) -> None:
         """Load ``data`` (read from ``source`` by ``load_checkpoint``) into ``trainer``; refuse a checkpoint it
-        cannot continue, naming the settings that differ (a resume may be automatic: say which file it was)."""
+        cannot continue, naming the settings that differ (a resume may be automatic: say which file it was).
+
+        The optimizer's state (moment estimates, step counts) comes from the checkpoint; its hyper-parameters (lr,
+        eps, betas, weight decay: every param_group entry but ``params``) are this run's, so a changed
+        ``optimizer.lr`` takes effect. ``policy.action_probs.emit_full_log_probs`` is not architecture (it follows
+        the enabled losses), so the set of losses may change on resume."""
         policy, where = data["policy"], f"the checkpoint {str(source)!r}"
-        if policy["architecture"] != self.architecture:
+        if architecture_only(policy["architecture"]) != architecture_only(self.architecture):
             raise ConfigError(
                 f"{where} was trained with another policy architecture ("
                 + "; ".join(config_diff(policy["architecture"], self.architecture, "policy"))
@@ -153,6 +180,7 @@ class Checkpointer:
                 f"{trainer.policy.num_actions}; resume with the checkpoint's env.num_vibes"
             )
         own = rank_state(data, distributed.rank())
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
         try:
             if own is not None:
                 trainer.env.load_state_dict(own["env"])
@@ -164,9 +192,17 @@ class Checkpointer:
                 f"{where} does not fit this run ({str(err)[:200]}); settings that changed: "
                 f"{'; '.join(changed) or 'none in env'}; resume with the checkpoint's settings"
             ) from None
+        for group, fresh in zip(trainer.optimizer.param_groups, settings, strict=True):
+            group.update(fresh)
         if own is not None:
             device = trainer.experience.device
-            trainer.rollout.step_td = unpack(own["rollout"]["step"], device)
+            step = unpack(own["rollout"]["step"], device)
+            missing = [key for key in trainer.rollout.step_td.keys() if key not in step.keys()]
+            if missing:  # the env emits more than when the checkpoint was taken (its teacher was off): observe it
+                current = trainer.env.observe()
+                for key in missing:
+                    step[key] = current[key]
+            trainer.rollout.step_td = step
             trainer.rollout.state = unpack(own["rollout"]["state"], device)
             restore_losses(trainer.losses, own["losses"], device)
             restore_rng(own["rng"])
@@ -180,9 +216,19 @@ class Checkpointer:
             )
         trainer.epoch, trainer.agent_step = data["epoch"], data["agent_step"]
         trainer.history = list(data["history"])
-        changed = config_diff(data["config"], self.config, "")
-        if changed:
-            log.info("resuming with settings that differ from the checkpoint's: %s", "; ".join(changed))
+        for change in config_diff(data["config"], self.config, ""):
+            log.warning("resuming %s with a changed setting: %s", source.name, change)
+
+    def _kept(self) -> str:
+        return f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
+
+
+def architecture_only(architecture: dict[str, Any]) -> dict[str, Any]:
+    """A policy config without its run-time flag ``action_probs.emit_full_log_probs`` (derived from the losses)."""
+    probs = architecture.get("action_probs")
+    if not isinstance(probs, dict):
+        return architecture
+    return {**architecture, "action_probs": {k: v for k, v in probs.items() if k != "emit_full_log_probs"}}
 
 
 def rank_state(data: dict[str, Any], rank: int) -> dict[str, Any] | None:
@@ -201,6 +247,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{str(path)!r} has format {data['format']!r}, not a training checkpoint ({FORMAT!r}); resume from a "
             "checkpoint_*.pt or a run folder (policy_*.pt files are for teachers and evaluation)"
         )
+    check_policy_data(data.get("policy"), path)
     return data
 
 
@@ -255,6 +302,26 @@ def config_diff(old: Any, new: Any, prefix: str) -> list[str]:
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in config_diff(a, b, f"{prefix}[{i}]")]
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
+
+
+def check_same_run(source: Path, run_dir: Path) -> None:
+    """Refuse to continue another folder's checkpoint (``resume=``) in a run folder that already holds a run's
+    history (metrics rows or checkpoints): the resume would drop that history and mix the two runs' files. Into a
+    fresh folder it is allowed."""
+    own = (Path(run_dir) / "checkpoints").resolve()
+    if Path(source).resolve().parent == own:
+        return
+    metrics = Path(run_dir) / "metrics.jsonl"
+    history = [p.name for p in sorted(own.glob("*_*.pt")) if CHECKPOINT.fullmatch(p.name) or POLICY.fullmatch(p.name)]
+    if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
+        history.insert(0, "metrics.jsonl")
+    if history:
+        raise ConfigError(
+            f"resume={str(source)!r} is another run's checkpoint and the run folder {str(run_dir)!r} already holds a "
+            f"run's history ({', '.join(history[:3])}{', ...' if len(history) > 3 else ''}); continuing there would "
+            "mix the two runs: continue into a new folder (hydra.run.dir=NEW_FOLDER), or drop resume= to continue "
+            "this folder's own run"
+        )
 
 
 def trim_metrics(path: Path, epoch: int) -> None:

@@ -1,7 +1,8 @@
 """Plain-data snapshots of live training state: RNGs, TensorDicts and the rollout-time state of losses.
 
 Everything here returns dicts, lists, numbers and tensors only, so a checkpoint made of them loads with
-``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back.
+``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back, and ``nonfinite`` says whether
+one is fit to be saved.
 """
 
 import random
@@ -69,3 +70,13 @@ def restore_rng(rng: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     p = rng["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def nonfinite(tree: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the floating-point tensors in a nested dict that hold a NaN or an infinity (read on the host:
+    call it at checkpoint time, not in the hot path)."""
+    if isinstance(tree, dict):
+        return [name for key, value in tree.items() for name in nonfinite(value, f"{prefix}{key}.")]
+    if isinstance(tree, torch.Tensor) and tree.is_floating_point() and not bool(tree.isfinite().all()):
+        return [prefix.rstrip(".")]
+    return []

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # What the run summary reads from each epoch's metrics (kept in ``Trainer.history`` and in checkpoints).
 SUMMARY_KEYS = ("metric/agent_step", "overview/reward", "overview/sps")
+# 1.0 when every policy parameter is finite: read with the epoch's metrics, never logged.
+PARAMS_FINITE = "params_finite"
 
 
 class Trainer:
@@ -49,10 +51,11 @@ class Trainer:
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
         cuda_graphs: replay the rollout forward as a CUDA graph (``system.cuda_graphs``, passed by ``build_trainer``).
 
-    Stops: a non-finite loss raises ``TrainingStopped`` at the end of its epoch, before that epoch is logged or
-    checkpointed, so the last good checkpoint is the newest. SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
-    current epoch finish, checkpoints it and raises ``Interrupted``; a second SIGINT abandons the epoch at once
-    (the last checkpoint is kept) and a second SIGTERM kills the process.
+    Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
+    logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses non-finite
+    optimizer state). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the current epoch finish, checkpoints it and
+    raises ``Interrupted``; a second SIGINT abandons the epoch at once (the last checkpoint is kept) and a second
+    SIGTERM kills the process.
     """
 
     def __init__(
@@ -88,9 +91,11 @@ class Trainer:
             eval_interval=(eval_interval, 0),
             replay_interval=(replay_interval, 0),
         )
-        for name, value in (("max_grad_norm", max_grad_norm), ("gamma", gamma), ("gae_lambda", gae_lambda)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"trainer.{name} must be a non-negative number, got {value!r}")
+        check_range("max_grad_norm", max_grad_norm, 0, math.inf)
+        check_range("gamma", gamma, 0, 1)
+        check_range("gae_lambda", gae_lambda, 0, 1)
+        if not losses:
+            raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
         self.total_timesteps = total_timesteps
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
         self.replay_interval, self.evaluator = replay_interval, evaluator
@@ -204,8 +209,11 @@ class Trainer:
         # Under torchrun: loss and buffer metrics are means over the ranks (a NaN on one rank stops them all), the
         # env's episode sums are summed, so the episode means are over every rank's episodes.
         learner_metrics, host_metrics = self.learner.pop_metrics()
+        # The parameters' finiteness rides along in the same read (checked by ``_check_finite``, not logged).
+        finite = torch.stack([p.detach().isfinite().all() for p in self.policy.parameters()]).all()
         means, stats = distributed.reduce_epoch(
-            {**learner_metrics, **buffer_metrics(self.experience)}, self.env.episode_stats()
+            {**learner_metrics, **buffer_metrics(self.experience), PARAMS_FINITE: finite},
+            self.env.episode_stats(),
         )
         device_metrics = {**means, **episode_metrics(stats)}
         # The one host read of the epoch: every device metric at once.
@@ -229,6 +237,9 @@ class Trainer:
         return metrics
 
     def _check_finite(self, metrics: dict[str, float]) -> None:
+        """Stop before logging an epoch whose losses or parameters are not finite (the optimizer step after the last
+        loss can blow up the weights); removes ``PARAMS_FINITE`` from ``metrics``."""
+        params_finite = metrics.pop(PARAMS_FINITE) == 1.0
         bad = [k for k, v in metrics.items() if k.startswith("losses/") and "/loss_" in k and not math.isfinite(v)]
         if bad:
             raise TrainingStopped(
@@ -237,6 +248,18 @@ class Trainer:
                 + f"; the epoch was not checkpointed and {self._kept()}; lower optimizer.lr, the loss's "
                 "coefficients or trainer.max_grad_norm"
             )
+        if not params_finite:
+            raise TrainingStopped(
+                f"non-finite policy parameters after epoch {self.epoch} (agent step {self.agent_step}): the epoch was "
+                f"not logged or checkpointed and {self._kept()}; lower optimizer.lr, the loss's coefficients or "
+                "trainer.max_grad_norm"
+            )
+
+
+def check_range(name: str, value: float, low: float, high: float) -> None:
+    """``trainer.<name>`` must be a number in [low, high] (NaN is in no range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"trainer.{name}={value!r} must be a number in [{low}, {high}]; fix trainer.{name}")
 
 
 def check_counts(**settings: tuple[int, int]) -> None:

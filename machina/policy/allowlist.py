@@ -1,0 +1,133 @@
+"""Rebuild a policy from the architecture stored in a file, through machina's own classes only.
+
+A file from elsewhere is data. ``hydra.utils.instantiate`` would import and call whatever a ``_target_`` names, nested
+ones included (``_target_: builtins.open`` inside an argument runs before the policy is built), so a file's
+architecture never goes through it. Here the architecture may name only the classes below, looked up in a dict (no
+import by name: importing a module can run code), and give them plain values. Its shape is that of a resolved
+``policy`` config (conf/policy/*.yaml):
+
+    _target_: machina.policy.component.ComponentPolicy     (optionally _convert_, as Hydra spells it)
+    encoder / core / actor / critic: {_target_: <component>, _partial_: true, <argument>: <plain value>, ...}
+    action_probs: {_target_: machina.policy.action_probs.ActionProbs, emit_full_log_probs: <bool>}
+
+``core`` may be None or "none" (a feed-forward policy). A plain value is a number, string, bool or None, or a list
+of those.
+"""
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from machina.env.spec import ObsSpec, VectorObsSpec
+from machina.errors import ConfigError
+from machina.policy.action_probs import ActionProbs
+from machina.policy.bag_encoder import TokenBagEncoder
+from machina.policy.component import ComponentPolicy
+from machina.policy.heads import ActorHead, CriticHead
+from machina.policy.lstm_core import LSTMCore
+from machina.policy.perceiver import PerceiverEncoder
+
+POLICY = "machina.policy.component.ComponentPolicy"
+COMPONENTS: dict[str, type] = {
+    "machina.policy.bag_encoder.TokenBagEncoder": TokenBagEncoder,
+    "machina.policy.perceiver.PerceiverEncoder": PerceiverEncoder,
+    "machina.policy.lstm_core.LSTMCore": LSTMCore,
+    "machina.policy.heads.ActorHead": ActorHead,
+    "machina.policy.heads.CriticHead": CriticHead,
+    "machina.policy.action_probs.ActionProbs": ActionProbs,
+}
+# Slots that ComponentPolicy calls as factories (``_partial_: true``); action_probs is the component itself.
+FACTORY_SLOTS = ("encoder", "core", "actor", "critic")
+SLOTS = (*FACTORY_SLOTS, "action_probs")
+CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values
+PLAIN = (bool, int, float, str, type(None))
+
+
+def register_vector_encoder() -> None:
+    """The gym branch adds ``machina.policy.vector_encoder.VectorEncoder``; it is allowed by that exact path once its
+    module is part of the package (checked by file, so nothing is imported by a name a file gives)."""
+    if (Path(__file__).parent / "vector_encoder.py").is_file():
+        from machina.policy.vector_encoder import VectorEncoder
+
+        COMPONENTS["machina.policy.vector_encoder.VectorEncoder"] = VectorEncoder
+
+
+register_vector_encoder()
+
+
+def check_architecture(architecture: Any, source: str) -> None:
+    """Refuse, with a one-line ConfigError naming ``source`` and the entry (``architecture.encoder.embed_dim``),
+    anything that is not an allowed class with plain values."""
+
+    def refuse(entry: str, why: str) -> ConfigError:
+        return ConfigError(
+            f"{source}: architecture{entry} {why}; a policy file is data and may name only machina's policy "
+            f"components ({', '.join(sorted(name.rsplit('.', 1)[1] for name in COMPONENTS))}) with plain values"
+        )
+
+    if not isinstance(architecture, dict):
+        raise refuse("", f"is a {type(architecture).__name__}, not a mapping")
+    if architecture.get("_target_") != POLICY:
+        raise refuse("._target_", f"is {architecture.get('_target_')!r}, not {POLICY!r}")
+    for key in architecture:
+        if key not in ("_target_", "_convert_", *SLOTS):
+            raise refuse(f".{key}", "is not an entry of a policy")
+    check_convert(architecture, "", refuse)
+    for slot in SLOTS:
+        node, entry = architecture.get(slot), f".{slot}"
+        if slot == "core" and is_none(node):
+            continue
+        if not isinstance(node, dict):
+            raise refuse(entry, f"is {node!r}, not a component")
+        if node.get("_target_") not in COMPONENTS:
+            raise refuse(f"{entry}._target_", f"is {node.get('_target_')!r}, which is not an allowed class")
+        if node.get("_partial_", False) is not (slot in FACTORY_SLOTS):
+            needed = slot in FACTORY_SLOTS
+            raise refuse(f"{entry}._partial_", f"is {node.get('_partial_')!r}; the {slot} slot needs {needed}")
+        check_convert(node, entry, refuse)
+        for key, value in node.items():
+            if key in ("_target_", "_partial_", "_convert_"):
+                continue
+            if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
+                raise refuse(f"{entry}.{key}", "is not an argument name")
+            check_plain(value, f"{entry}.{key}", refuse)
+
+
+def check_convert(node: dict, entry: str, refuse) -> None:
+    if "_convert_" in node and node["_convert_"] not in CONVERT_MODES:
+        raise refuse(f"{entry}._convert_", f"is {node['_convert_']!r}, not one of {', '.join(CONVERT_MODES)}")
+
+
+def check_plain(value: Any, entry: str, refuse) -> None:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, PLAIN):
+                raise refuse(f"{entry}[{i}]", f"is a {type(item).__name__}, not a plain value")
+    elif not isinstance(value, PLAIN):
+        raise refuse(entry, f"is a {type(value).__name__}, not a plain value")
+
+
+def is_none(node: Any) -> bool:
+    return node is None or (isinstance(node, str) and node.lower() == "none")
+
+
+def build_policy(
+    architecture: dict[str, Any],
+    obs_spec: ObsSpec | VectorObsSpec,
+    num_actions: int,
+    emit_full_log_probs: bool = False,
+) -> ComponentPolicy:
+    """The policy an architecture describes (checked first with ``check_architecture``). ``emit_full_log_probs`` is a
+    run-time flag, not architecture: the file's value is ignored and the caller's used."""
+    slots: dict[str, Any] = {}
+    for slot in SLOTS:
+        node = architecture[slot]
+        if slot == "core" and is_none(node):
+            slots[slot] = None
+            continue
+        kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_", "_convert_")}
+        cls = COMPONENTS[node["_target_"]]
+        if slot == "action_probs":
+            kwargs["emit_full_log_probs"] = emit_full_log_probs
+        slots[slot] = partial(cls, **kwargs) if slot in FACTORY_SLOTS else cls(**kwargs)
+    return ComponentPolicy(obs_spec, num_actions, **slots)

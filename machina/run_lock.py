@@ -1,0 +1,54 @@
+"""One run writes a run folder at a time: an exclusive lock on ``<run_dir>/.machina.lock``, held while it runs.
+
+The lock is ``fcntl.flock`` on that file. The operating system releases it when the process ends, however it ends,
+so a lock left by a run killed with ``kill -9`` never blocks the rerun that resumes it (the file stays; its content
+is only information). The holder writes its PID and host into the file, so a second run names the process it waits
+for. Under torchrun only rank 0 takes it (``machina.run``).
+"""
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+from machina.errors import ConfigError
+
+NAME = ".machina.lock"
+
+
+class RunLock:
+    """``with RunLock(run_dir):`` holds the run folder's lock for the block, or raises ConfigError naming the process
+    that holds it. Creates the run folder if it does not exist yet."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's line stays readable
+        except OSError as err:
+            raise ConfigError(
+                f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable or "
+                "choose another with hydra.run.dir=PATH"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(
+                f"the run folder {str(self.run_dir)!r} is in use by {holder}; wait for that run to end or stop it, or "
+                "choose another folder with hydra.run.dir=PATH"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the lock
+            self._fd = None
