@@ -2,6 +2,7 @@
 
     python -m machina.bench [--epochs N] [--json] [HYDRA_OVERRIDE ...]
     python -m machina.bench --compare policy.action_probs.emit_full_log_probs=false,true [HYDRA_OVERRIDE ...]
+    python -m machina.bench --overhead [--json] [HYDRA_OVERRIDE ...]     # launch overhead, machina/overhead.py
 
 For one configuration it measures, after a warm-up epoch:
 - ``sps``: end-to-end agent steps/s over whole epochs (rollout + update + the epoch's metric read);
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from machina import keys, resolvers
+from machina import keys, overhead, resolvers
 from machina.build import Parts, build, build_trainer
 from machina.losses.base import Progress
 from machina.policy.inputs import next_state, rollout_input
@@ -53,23 +54,18 @@ class Setup:
         self.phases: dict[str, float] = {}
 
     def epoch(self) -> None:
-        """One training epoch as the trainer runs it, timed end to end."""
+        """One training epoch exactly as the trainer runs it (rollout, update, the epoch's metric read), timed end
+        to end."""
         self.parts.system.apply_flags()
-        trainer, device = self.trainer, self.parts.device
-        sync(device)
+        trainer = self.trainer
+        sync(self.parts.device)
         start = time.perf_counter()
-        progress = Progress(0, self.cfg.trainer.total_timesteps)
-        trainer.policy.eval()
-        trainer.rollout.run(progress)
-        trainer.policy.train()
-        trainer.learner.run(progress)
-        # The epoch's one device read, as in Trainer: every metric stacked and fetched at once.
-        metrics, _ = trainer.learner.pop_metrics()
-        metrics.update({k: v.float() for k, v in self.parts.env.episode_stats().items()})
-        torch.stack(list(metrics.values())).tolist()
+        metrics = trainer.epoch_metrics(trainer.run_epoch(), seconds=1.0, sps_cumulative=0.0)
         self.epoch_seconds.append(time.perf_counter() - start)
-        for phase, seconds in trainer.stopwatch.pop().items():
-            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+        for key, seconds in metrics.items():
+            phase = key.removeprefix("timing/")
+            if phase != key and not phase.endswith("_frac") and phase != "epoch":
+                self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def parts_rates(self, steps: int) -> dict[str, float]:
         """env-only, inference-only and learner-only agent steps/s."""
@@ -190,7 +186,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=64, help="steps for the env-only and inference-only rates")
     parser.add_argument("--compare", metavar="KEY=A,B", help="two values of one setting, measured alternately")
     parser.add_argument("--json", action="store_true", help="print one JSON object per configuration")
+    parser.add_argument(
+        "--overhead", action="store_true", help="host us and aten ops per rollout step and minibatch at one env"
+    )
     args = parser.parse_args(argv)
+    if args.overhead:
+        return overhead_table(args.overrides, args.json)
 
     if args.compare:
         key, _, values = args.compare.partition("=")
@@ -215,6 +216,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(table(results))
         if len(results) == 2:
             print(f"sps ratio {variants[1][-1]} / {variants[0][-1]}: {results[1]['sps'] / results[0]['sps']:.3f}")
+    return results
+
+
+def overhead_table(overrides: list[str], as_json: bool) -> list[dict]:
+    """``machina.overhead.measure`` for policy=fast and policy=vit (or the policy the overrides name)."""
+    policies = [[]] if any(o.startswith("policy=") for o in overrides) else [["policy=fast"], ["policy=vit"]]
+    results = []
+    cols = ("ops_per_step", "host_us_per_step", "ops_per_minibatch", "host_us_per_minibatch")
+    if not as_json:
+        print(f"{'configuration':<40}" + "".join(f"{c:>24}" for c in cols))
+    for policy in policies:
+        chosen = [*overhead.TINY, *policy, *overrides]
+        result = {"overrides": chosen, **overhead.measure(Setup(chosen).trainer)}
+        results.append(result)
+        if as_json:
+            print(json.dumps(result))
+        else:
+            print(
+                f"{' '.join([*policy, *overrides]) or '(defaults)':<40}" + "".join(f"{result[c]:>24,.1f}" for c in cols)
+            )
     return results
 
 

@@ -1,7 +1,8 @@
 """Build the parts of an experiment from a composed config: the only place that calls ``hydra.utils.instantiate``.
 
-Order as in CleanRL's main: system -> losses -> env -> policy -> experience -> optimizer. ``machina.run`` adds the run
-folder, sinks and trainer; benchmarks and tests build the same parts here.
+Order as in CleanRL's main: system -> losses -> env -> policy -> experience -> optimizer -> rollout and learner,
+each injected into the next; ``build_trainer`` puts the two phases into the epoch loop. ``machina.run`` adds the run
+folder, sinks, checkpoints and evaluation; benchmarks and tests build the same parts here.
 """
 
 from dataclasses import dataclass
@@ -14,9 +15,12 @@ from torch import nn
 from machina import distributed, keys
 from machina.errors import ConfigError
 from machina.keys import Spec
+from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.system import System
 from machina.training.experience import Experience, trajectory_spec
+from machina.training.learner import Learner
+from machina.training.rollout import Rollout
 
 
 @dataclass
@@ -28,6 +32,8 @@ class Parts:
     losses: dict[str, Loss]
     experience: Experience
     optimizer: torch.optim.Optimizer
+    rollout: Rollout
+    learner: Learner
 
 
 def build(cfg: DictConfig, rank: int = 0) -> Parts:
@@ -63,21 +69,17 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
         cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
     )
     optimizer = instantiate(cfg.optimizer)(policy.parameters())
-    return Parts(system, device, env, policy, losses, experience, optimizer)
+    stopwatch = Stopwatch()
+    rollout = Rollout(env, policy, losses, experience, stopwatch, cuda_graphs=system.cuda_graphs)
+    learner = instantiate(
+        cfg.learner, policy=policy, losses=losses, experience=experience, optimizer=optimizer, stopwatch=stopwatch
+    )
+    return Parts(system, device, env, policy, losses, experience, optimizer, rollout, learner)
 
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
-    """The trainer over ``parts``; ``extra`` carries sinks and the checkpointer."""
-    return instantiate(
-        cfg.trainer,
-        env=parts.env,
-        policy=parts.policy,
-        losses=parts.losses,
-        experience=parts.experience,
-        optimizer=parts.optimizer,
-        cuda_graphs=parts.system.cuda_graphs,
-        **extra,
-    )
+    """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
+    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
 
 
 def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:

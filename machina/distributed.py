@@ -131,6 +131,16 @@ def agree_max(value: int) -> int:
     return int(t.item())
 
 
+def from_main(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (plain data): a decision only rank 0 may take, e.g. the run folder, which
+    each rank would otherwise resolve from its own clock (``outputs/<date>/<time>``). ``obj`` alone."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj if rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather_to_main(obj: Any) -> list[Any] | None:
     """Every rank's ``obj`` (tensors moved to the CPU) in rank order on rank 0, None on the others; ``[obj]`` alone."""
     if not dist.is_initialized():

@@ -8,8 +8,9 @@ built trainer; only then are resolved_config.yaml and metrics.jsonl rewritten an
 before machina runs and are not covered: Hydra writes ``.hydra/`` and appends to the folder's log, and the lock file
 ``.machina.lock`` is created (with the run folder, when it does not exist yet).
 
-Under torchrun every rank runs this and resumes from the same checkpoint; rank 0 alone holds the lock and writes the
-run folder, metrics.jsonl, W&B and checkpoints (docs/distributed.md).
+Under torchrun every rank runs this; rank 0 chooses the run folder and the checkpoint to resume from and every rank
+uses its choice; rank 0 alone holds the lock and writes the run folder, metrics.jsonl, W&B and checkpoints
+(docs/distributed.md).
 """
 
 import logging
@@ -41,7 +42,9 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it. A ``resume`` from
     another folder is refused when ``run_dir`` already holds a run's history.
     """
-    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
+    # Under torchrun rank 0 decides the folder: with the default timestamped folder, ranks that started in different
+    # seconds would each resolve their own (the others keep only Hydra's log there).
+    run_dir = Path(distributed.from_main(str(run_dir or HydraConfig.get().runtime.output_dir)))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     check_types(resolved)
     check_ranges(resolved)
@@ -52,7 +55,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
 
 def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> float:
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
-    resume_from = find_checkpoint(cfg.get("resume"), run_dir)
+    resume_from = distributed.from_main(find_checkpoint(cfg.get("resume"), run_dir) if main else None)
     checkpoint = load_checkpoint(resume_from) if resume_from else None
     if checkpoint and main and cfg.get("resume") is not None:
         check_same_run(resume_from, run_dir)

@@ -92,7 +92,7 @@ def teacher(tmp_path_factory):
 def losses(teacher):
     """Exact resume must cover losses with rollout-time state (eer_kickstarter's teacher recurrent state) and reward
     shaping (both EER losses)."""
-    return ["losses=[ppo,eer_cloner,eer_kickstarter]", f"losses.eer_kickstarter.teacher_checkpoint={teacher}"]
+    return ["losses=[ppo,eer_cloner,eer_kickstarter]", f"losses.eer_kickstarter.teacher.path={teacher}"]
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +107,14 @@ def test_checkpoint_layout_and_safe_loading(short_run):
     names = sorted(p.name for p in (short_run / "checkpoints").iterdir())
     assert names == ["checkpoint_000001.pt", "checkpoint_000002.pt", "policy_000001.pt", "policy_000002.pt"]
     data = load_checkpoint(short_run / "checkpoints" / "checkpoint_000002.pt")
-    assert (data["epoch"], data["agent_step"]) == (2, 2 * EPOCH)
-    assert {"policy", "optimizer", "losses", "env", "rollout", "rng", "history", "wandb_run_id"} <= set(data)
-    assert "_state" in data["losses"]["eer_kickstarter"]["attributes"]  # the teacher's recurrent state
+    assert (data["trainer"]["epoch"], data["trainer"]["agent_step"]) == (2, 2 * EPOCH)
+    assert {"policy", "trainer", "ranks", "wandb_run_id", "config"} <= set(data)
+    assert {"optimizer"} == set(data["trainer"]["learner"]) and len(data["trainer"]["history"]) == 2
+    (rank,) = data["ranks"]
+    assert {"env", "rollout", "losses", "rng"} == set(rank)
+    kickstarter = rank["losses"]["eer_kickstarter"]
+    assert "_state" in kickstarter["_extra_state"]  # the teacher's recurrent state
+    assert not any(key.startswith("teacher.") for key in kickstarter)  # the teacher comes from its file
     policy, _ = load_policy(short_run / "checkpoints" / "policy_000002.pt")
     assert policy.num_actions == 21
 
@@ -147,7 +152,7 @@ def test_kill_9_between_checkpoints_then_resume(tmp_path):
     assert (run_dir / ".machina.lock").read_text().startswith(f"PID {proc.pid} ")  # stale: it must not block
     for path in (run_dir / "checkpoints").glob("*.pt"):
         load_checkpoint(path) if path.name.startswith("checkpoint") else load_policy(path)
-    latest = max(load_checkpoint(p)["epoch"] for p in (run_dir / "checkpoints").glob("checkpoint_*.pt"))
+    latest = max(load_checkpoint(p)["trainer"]["epoch"] for p in (run_dir / "checkpoints").glob("checkpoint_*.pt"))
 
     done = subprocess.run([*args, f"trainer.total_timesteps={(latest + 1) * EPOCH}"], cwd=ROOT, capture_output=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -155,7 +160,7 @@ def test_kill_9_between_checkpoints_then_resume(tmp_path):
     assert [r["metric/epoch"] for r in rows] == list(range(1, latest + 2))
     assert [r["metric/agent_step"] for r in rows] == [e * EPOCH for e in range(1, latest + 2)]
     assert (
-        load_checkpoint(run_dir / "checkpoints" / f"checkpoint_{latest + 1:06d}.pt")["agent_step"]
+        load_checkpoint(run_dir / "checkpoints" / f"checkpoint_{latest + 1:06d}.pt")["trainer"]["agent_step"]
         == rows[-1]["metric/agent_step"]
     )
 
@@ -167,7 +172,7 @@ def test_nan_loss_stops_with_exit_2_and_keeps_the_last_checkpoint(tmp_path):
     assert "non-finite loss at epoch 2" in message and "losses/nan/loss_bad=nan" in message
     assert "checkpoint_000001.pt" in message
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint_*")) == ["checkpoint_000001.pt"]
-    assert load_checkpoint(tmp_path / "checkpoints" / "checkpoint_000001.pt")["epoch"] == 1
+    assert load_checkpoint(tmp_path / "checkpoints" / "checkpoint_000001.pt")["trainer"]["epoch"] == 1
     assert [r["metric/epoch"] for r in metrics(tmp_path)] == [1]
 
 
@@ -205,7 +210,7 @@ def test_failed_checkpoint_write_stops_naming_the_file_and_keeps_the_last(tmp_pa
     save, open_ = torch.save, Path.open
 
     def failing_save(data, f, *args, **kwargs):
-        if data.get("epoch") == 2:  # the training checkpoint of epoch 2 (its policy file is written before it)
+        if data.get("trainer", {}).get("epoch") == 2:  # epoch 2's training checkpoint (its policy file comes first)
             raise failure
         return save(data, f, *args, **kwargs)
 
@@ -248,7 +253,7 @@ def test_checkpoint_with_pickled_objects_or_truncated_is_refused(short_run, tmp_
     [
         (["trainer.total_timesteps=abc"], "trainer.total_timesteps='abc' has the wrong type"),
         (["optimizer.lr=fast"], "optimizer.lr='fast' has the wrong type"),
-        (["trainer.update_epochs=0"], "trainer.update_epochs must be an integer >= 1, got 0"),
+        (["learner.update_epochs=0"], "learner.update_epochs must be an integer >= 1, got 0"),
         (["trainer.checkpoint_interval=-1"], "trainer.checkpoint_interval must be an integer >= 0, got -1"),
         (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints must be an integer >= 1, got 0"),
         (["experience.batch_size=500"], "experience.batch_size=500 must be a multiple of agents x bptt_horizon"),

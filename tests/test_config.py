@@ -55,7 +55,7 @@ def test_every_policy_builds_for_the_env(policy):
 def test_every_loss_builds(loss):
     cfg = compose_config([f"losses={loss}"])
     if loss == "eer_kickstarter":
-        with pytest.raises(Exception, match="teacher_checkpoint=PATH"):
+        with pytest.raises(Exception, match="teacher.path=PATH"):
             build_losses(cfg.losses)
     else:
         (built,) = build_losses(cfg.losses).values()

@@ -82,8 +82,8 @@ def test_torchrun_two_ranks_train_one_run_and_resume(tmp_path, wandb_dirs):
     assert distributed.param_digest(policy) == digest
     # Rank 0 wrote rank 1's env state too; the ranks' envs differ (seeded with the rank).
     data = load_checkpoint(run_dir / "checkpoints" / "checkpoint_000003.pt")
-    (other,) = data["other_ranks"]
-    assert not torch.equal(other["env"]["rng_state"], data["env"]["rng_state"])
+    first, other = data["ranks"]
+    assert not torch.equal(other["env"]["rng_state"], first["env"]["rng_state"])
 
     resumed = torchrun(run_dir, f"trainer.total_timesteps={4 * 2 * PER_RANK}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -111,7 +111,7 @@ def test_a_failing_rank_stops_the_job_promptly(tmp_path):
     assert time.perf_counter() - start < 60
 
 
-GRAD = ["experience.bptt_horizon=16", "trainer.max_grad_norm=1e9", "wandb=disabled"]
+GRAD = ["experience.bptt_horizon=16", "learner.max_grad_norm=1e9", "wandb=disabled"]
 
 
 def make_trainer(batch_size: int, rank: int = 0):
@@ -175,3 +175,27 @@ def test_ddp_step_equals_one_process_on_the_union_of_minibatches(tmp_path):
         torch.testing.assert_close(ddp, one, rtol=1e-4, atol=1e-6)
     for a, b in zip(ranks[0]["grads"], ranks[1]["grads"], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_ranks_that_resolve_different_run_folders_train_and_resume_in_rank_0s(tmp_path):
+    """With the default folder outputs/<date>/<time>, ranks that start in different seconds resolve different
+    folders; here each rank's folder name carries its RANK, so they always differ. Rank 0's folder is the run's,
+    for training and for the resume, and the job does not hang."""
+    folder = f"{tmp_path}/rank${{oc.env:RANK}}"
+    result = torchrun(folder, f"trainer.total_timesteps={2 * 2 * PER_RANK}", "wandb=disabled", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    main, other = tmp_path / "rank0", tmp_path / "rank1"
+    rows = [json.loads(line) for line in (main / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metric/epoch"] for r in rows] == [1, 2]
+    assert sorted(p.name for p in (main / "checkpoints").glob("checkpoint_*.pt")) == [
+        "checkpoint_000001.pt",
+        "checkpoint_000002.pt",
+    ]
+    assert not (other / "metrics.jsonl").exists() and not (other / "checkpoints").exists()
+
+    resumed = torchrun(folder, f"trainer.total_timesteps={3 * 2 * PER_RANK}", "wandb=disabled", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = [json.loads(line) for line in (main / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metric/epoch"] for r in rows] == [1, 2, 3]
+    assert "resumed from" in (main / "train.log").read_text()

@@ -20,7 +20,7 @@ def test_lr_schedules_follow_their_definitions():
         assert Linear(floor=0.1)(fraction) == pytest.approx(1.0 - 0.9 * fraction)
         cosine = 0.5 * (1 + math.cos(math.pi * fraction))
         assert Cosine(floor=0.2)(fraction) == pytest.approx(0.2 + 0.8 * cosine)
-    with pytest.raises(ValueError, match="trainer.lr_schedule.floor"):
+    with pytest.raises(ValueError, match="learner.lr_schedule.floor"):
         Linear(floor=1.5)
 
 
@@ -30,7 +30,7 @@ def make_trainer(overrides):
 
 
 def test_the_learner_sets_the_scheduled_learning_rate_of_every_group():
-    trainer = make_trainer(["trainer/lr_schedule=linear", "optimizer.lr=0.002", "trainer.total_timesteps=4096"])
+    trainer = make_trainer(["learner/lr_schedule=linear", "optimizer.lr=0.002", "trainer.total_timesteps=4096"])
     trainer.train()  # 4 epochs: the learner runs at fractions 1/4 .. 4/4 of training
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
     host = trainer.history[-1]
@@ -43,12 +43,12 @@ def test_the_learner_sets_the_scheduled_learning_rate_of_every_group():
 
 
 def test_target_kl_stops_the_update_passes_early():
-    trainer = make_trainer(["trainer.update_epochs=4", "trainer.target_kl=1e-9", "optimizer.lr=0.01"])
+    trainer = make_trainer(["learner.update_epochs=4", "learner.target_kl=1e-9", "optimizer.lr=0.01"])
     trainer.rollout.run(trainer.progress)
     trainer.learner.run(trainer.progress)
     _, host = trainer.learner.pop_metrics()
     assert host["train/update_passes"] == 1.0  # the first pass moved the policy past the tiny target
-    free = make_trainer(["trainer.update_epochs=4"])
+    free = make_trainer(["learner.update_epochs=4"])
     free.rollout.run(free.progress)
     free.learner.run(free.progress)
     assert free.learner.pop_metrics()[1]["train/update_passes"] == 4.0

@@ -22,7 +22,7 @@ SMALL = [
     "experience.batch_size=8192",
     "experience.bptt_horizon=16",
     "experience.minibatch_size=2048",
-    "trainer.update_epochs=2",
+    "learner.update_epochs=2",
     "wandb=disabled",
 ]
 

@@ -140,7 +140,7 @@ def test_eval_and_teacher_refuse_a_payload_and_write_nothing(policy_file, tmp_pa
 
     teacher = [
         "losses=[ppo,eer_kickstarter]",
-        f"losses.eer_kickstarter.teacher_checkpoint={bad}",
+        f"losses.eer_kickstarter.teacher.path={bad}",
         f"hydra.run.dir={tmp_path / 't'}",
     ]
     trained = run_train([*TINY, f"trainer.total_timesteps={EPOCH}", *teacher], timeout=300)
@@ -234,7 +234,7 @@ def test_resume_takes_the_new_optimizer_settings_and_the_saved_moments(trained, 
         checkpointer.restore(trainer, data, source)
     (group,) = trainer.optimizer.param_groups
     assert (group["lr"], group["eps"]) == (0.0005, 1e-7)
-    saved = data["optimizer"]["state"]
+    saved = data["trainer"]["learner"]["optimizer"]["state"]
     for index, param in enumerate(group["params"]):
         assert torch.equal(trainer.optimizer.state[param]["exp_avg"], saved[index]["exp_avg"])
         assert torch.equal(trainer.optimizer.state[param]["exp_avg_sq"], saved[index]["exp_avg_sq"])
@@ -277,7 +277,7 @@ def test_non_finite_weights_or_optimizer_state_are_never_checkpointed(tmp_path, 
     assert [r["metric/epoch"] for r in metrics(tmp_path)] == logged
 
 
-KICKSTARTER = ["losses=[ppo,eer_kickstarter]", "losses.eer_kickstarter.teacher_checkpoint={teacher}"]
+KICKSTARTER = ["losses=[ppo,eer_kickstarter]", "losses.eer_kickstarter.teacher.path={teacher}"]
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,7 @@ def test_eer_cloner_rejects_a_bad_floor():
 
 
 def kickstarter(**kwargs) -> EERKickstarterLoss:
-    return EERKickstarterLoss(teacher_checkpoint="unused.pt", **kwargs)  # the file is read only by setup()
+    return EERKickstarterLoss(teacher=torch.nn.Identity(), **kwargs)  # the loss terms read the stored teacher outputs
 
 
 def test_eer_kickstarter_action_loss_is_the_reverse_kl_to_the_teacher():
@@ -227,6 +227,8 @@ def test_eer_kickstarter_drops_value_distillation_while_shaping_rewards():
     torch.testing.assert_close(step[keys.REWARDS], torch.tensor([1.0 + 0.01 * math.log(0.2)]))
 
 
-def test_eer_kickstarter_without_checkpoint_is_refused():
-    with pytest.raises(ConfigError, match="teacher_checkpoint=PATH"):
-        EERKickstarterLoss()
+def test_eer_kickstarter_without_a_teacher_file_is_refused():
+    from machina.policy.io import load_teacher
+
+    with pytest.raises(ConfigError, match="teacher.path=PATH"):
+        load_teacher(None)

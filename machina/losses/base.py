@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict
@@ -10,6 +10,7 @@ from torch import nn
 
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
+from machina.training.state import pack, unpack
 
 
 @dataclass
@@ -45,6 +46,24 @@ class Loss(nn.Module):
         super().__init__()
         # Sums a device tensor over the data-parallel ranks in place (identity in a single process); set by setup.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
+        self.device = torch.device("cpu")
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The tensors and TensorDicts a loss keeps between rollout steps (a teacher's recurrent state, the slices
+        of this rollout), as plain data: ``state_dict()`` carries them into checkpoints, so a resumed rollout
+        continues with them."""
+        state = {}
+        for name, value in vars(self).items():
+            if isinstance(value, TensorDict):
+                state[name] = {"tensordict": pack(value)}
+            elif isinstance(value, torch.Tensor):
+                state[name] = {"tensor": value.detach().clone()}
+        return state
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            restored = unpack(value["tensordict"], self.device) if "tensordict" in value else value["tensor"]
+            setattr(self, name, restored.to(self.device))
 
     def experience_spec(self, env_spec: EnvSpec) -> Spec:
         """Per-step keys this loss needs stored in the experience buffer, ``{key: (shape, dtype)}``."""
@@ -57,9 +76,10 @@ class Loss(nn.Module):
         device: torch.device,
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
-        """Validate against the env and policy, and keep what the loss is handed: ``all_reduce`` sums a tensor over
-        the ranks of a data-parallel run (no rank logic in losses). Subclasses extend it and call it first."""
-        self.all_reduce = all_reduce
+        """Validate against the env and policy, and keep what the loss is handed: its ``device`` and ``all_reduce``,
+        which sums a tensor over the ranks of a data-parallel run (no rank logic in losses). Subclasses extend it
+        and call it first."""
+        self.all_reduce, self.device = all_reduce, torch.device(device)
 
     def on_rollout_start(self, progress: Progress) -> None:
         """Called once before each rollout (e.g. to resample which agents the teacher leads)."""

@@ -26,11 +26,14 @@ from machina.losses.base import Loss, Progress
 from machina.losses.functional import sample_mean
 from machina.losses.schedule import Linear, as_schedule
 from machina.policy.inputs import next_state, rollout_input
-from machina.policy.io import load_policy
 
 
 class EERKickstarterLoss(Loss):
-    """Rollout: the teacher acts on every step (its own recurrent state, reset on episode starts); its
+    """Distils ``teacher`` (a frozen policy network, built by ``machina.build`` from
+    ``losses.eer_kickstarter.teacher.path``; it is part of this module but not of its ``state_dict``: a resumed run
+    takes the teacher from its file, not from the checkpoint).
+
+    Rollout: the teacher acts on every step (its own recurrent state, reset on episode starts); its
     ``FULL_LOG_PROBS`` and ``VALUES`` are stored as ``TEACHER_FULL_LOG_PROBS`` [A] and ``TEACHER_VALUES``, and the
     reward of each action a_t is shaped with ``r_lambda * log pi_T(a_t | s_t)``.
 
@@ -43,41 +46,37 @@ class EERKickstarterLoss(Loss):
 
     def __init__(
         self,
-        teacher_checkpoint: str | None = None,
+        teacher: nn.Module,
         action_loss_coef: float | Linear = 0.6,
         value_loss_coef: float | Linear = 1.0,
         r_lambda: float | Linear = 0.01,
     ):
         super().__init__()
-        if not teacher_checkpoint:
-            raise ConfigError(
-                "losses.eer_kickstarter needs a teacher: set losses.eer_kickstarter.teacher_checkpoint=PATH to a "
-                "machina policy file (outputs/<run>/checkpoints/policy_*.pt)"
-            )
-        self.teacher_checkpoint = str(teacher_checkpoint)
+        self.teacher = teacher
         self.action_coef = as_schedule(action_loss_coef, "losses.eer_kickstarter.action_loss_coef")
         self.value_coef = as_schedule(value_loss_coef, "losses.eer_kickstarter.value_loss_coef")
         self.r_lambda = as_schedule(r_lambda, "losses.eer_kickstarter.r_lambda")
-        self.teacher: nn.Module | None = None
         self._state: TensorDict | None = None
 
     def setup(self, env_spec: EnvSpec, policy: nn.Module, device: torch.device, all_reduce) -> None:
         super().setup(env_spec, policy, device, all_reduce)
-        teacher, obs_spec = load_policy(self.teacher_checkpoint, device)
-        if teacher.num_actions != env_spec.num_actions:
+        if self.teacher.num_actions != env_spec.num_actions:
             raise ConfigError(
-                f"teacher checkpoint {self.teacher_checkpoint!r} has {teacher.num_actions} actions but the env has "
+                f"losses.eer_kickstarter.teacher has {self.teacher.num_actions} actions but the env has "
                 f"{env_spec.num_actions}; use a teacher trained with the same env.num_vibes"
             )
-        if obs_spec != env_spec.obs:
+        if self.teacher.obs_spec != env_spec.obs:
             raise ConfigError(
-                f"teacher checkpoint {self.teacher_checkpoint!r} was trained on other observations ({obs_spec}) "
-                f"than this env's ({env_spec.obs})"
+                f"losses.eer_kickstarter.teacher was trained on other observations ({self.teacher.obs_spec}) than "
+                f"this env's ({env_spec.obs})"
             )
-        teacher.action_probs.emit_full_log_probs = True
-        teacher.requires_grad_(False).eval()
-        # Kept out of the module tree: the teacher's weights are not trained and not part of this loss's state.
-        self.__dict__["teacher"] = teacher
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        return {k: v for k, v in super().state_dict(*args, **kwargs).items() if not k.startswith("teacher.")}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        own = {f"teacher.{k}": v for k, v in self.teacher.state_dict().items()}
+        return super().load_state_dict({**state_dict, **own}, strict=strict, assign=assign)
 
     def experience_spec(self, env_spec: EnvSpec) -> Spec:
         return {

@@ -115,7 +115,7 @@ class ComponentPolicy(nn.Module):
         self.actor = make("actor", actor)
         self.critic = make("critic", critic)
         self.action_probs = action_probs
-        self.num_actions = num_actions
+        self.obs_spec, self.num_actions = obs_spec, num_actions
 
         everything = self.parts()
         self.input_spec: Spec = {k: v for c in everything for k, v in c.input_spec.items()}

@@ -87,3 +87,16 @@ def load_policy(
             f"({type(err).__name__}: {str(err)[:200]}); it was written by another machina version or edited"
         ) from None
     return policy.to(device), obs_spec
+
+
+def load_teacher(path: str | None) -> nn.Module:
+    """A frozen teacher network from a policy file (``losses.eer_kickstarter.teacher.path``), in eval mode and
+    emitting ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.build`` (the one
+    place that reads files for the experiment) and handed to the loss."""
+    if not path:
+        raise ConfigError(
+            "losses.eer_kickstarter needs a teacher: set losses.eer_kickstarter.teacher.path=PATH to a machina "
+            "policy file (outputs/<run>/checkpoints/policy_*.pt)"
+        )
+    teacher, _ = load_policy(path, emit_full_log_probs=True)
+    return teacher.requires_grad_(False).eval()

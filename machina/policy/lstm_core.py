@@ -1,6 +1,7 @@
-"""The recurrent core: an LSTM cell stepped over the T steps of each sequence, reset where an episode starts."""
+"""The recurrent core: an LSTM stepped over the T steps of each sequence, reset where an episode starts."""
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
@@ -12,9 +13,13 @@ class LSTMCore(Component):
     """``ENCODED`` [B*T, D] -> ``CORE`` [B*T, H], carrying (``HIDDEN``, ``CELL``) [B, H] through the sequence.
 
     Reads ``EPISODE_START`` [B*T] from the flat step TensorDict: where it is 1 the state is zeroed before that step.
-    Reads the start state from and writes ``NEXT_HIDDEN`` / ``NEXT_CELL`` [B, H] (the state after the last step) to the
-    per-sequence TensorDict. A cell loop over T, not ``nn.LSTM``: resets inside a sequence need no data-dependent
-    branch, and at rollout (T = 1) a single cell call is the fastest path.
+    Reads the start state from and writes ``NEXT_HIDDEN`` / ``NEXT_CELL`` [B, H] (the state after the last step) to
+    the per-sequence TensorDict. The parameters are an ``nn.LSTMCell``'s (gate order i, f, g, o).
+
+    Why a loop and not ``nn.LSTM``: resets inside a sequence need the state zeroed between steps, which the fused
+    kernel cannot do. At rollout (T = 1) one ``LSTMCell`` call is the whole step. In training the input projection
+    ``x W_ih^T + b`` of all B*T steps is one matrix product before the loop, so each of the T steps only multiplies
+    the [B, H] state by ``W_hh``: half the per-step matrix products, and one large one instead of T small ones.
     """
 
     in_keys = (ENCODED, EPISODE_START, HIDDEN, CELL)
@@ -35,13 +40,27 @@ class LSTMCore(Component):
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
         batch = seq.batch_size[0]
         steps = step.batch_size[0] // batch
-        x = step[ENCODED].view(batch, steps, -1)
         keep = (1.0 - step[EPISODE_START]).view(batch, steps, 1)
         h, c = seq[HIDDEN], seq[CELL]
-        outputs = []
-        for t in range(steps):
-            h, c = self.cell(x[:, t], (h * keep[:, t], c * keep[:, t]))
-            outputs.append(h)
-        step[CORE] = torch.stack(outputs, 1).flatten(0, 1)
+        if steps == 1:
+            h, c = self.cell(step[ENCODED], (h * keep[:, 0], c * keep[:, 0]))
+            step[CORE] = h
+        else:
+            cell = self.cell
+            projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
+            outputs = []
+            for t in range(steps):
+                h, c = lstm_step(projected[:, t], h * keep[:, t], c * keep[:, t], cell.weight_hh)
+                outputs.append(h)
+            step[CORE] = torch.stack(outputs, 1).flatten(0, 1)
         seq[NEXT_HIDDEN] = h
         seq[NEXT_CELL] = c
+
+
+def lstm_step(
+    projected: torch.Tensor, h: torch.Tensor, c: torch.Tensor, weight_hh: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LSTM step given the input's projection ``x W_ih^T + b_ih + b_hh`` [B, 4H]: (h', c') [B, H] each."""
+    i, f, g, o = (projected + F.linear(h, weight_hh)).chunk(4, 1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c

@@ -3,20 +3,14 @@
 Layout of ``<run_dir>/checkpoints/`` (epochs zero-padded to 6 digits, so names sort by epoch):
     checkpoint_<epoch>.pt   the training state; the last ``trainer.keep_checkpoints`` are kept
     policy_<epoch>.pt       the policy file of that epoch (``machina.policy.io``), all kept: teachers
-                            (``losses.eer_kickstarter.teacher_checkpoint``) and evaluation read them
+                            (``losses.eer_kickstarter.teacher.path``) and evaluation read them
 A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=True)`` reads it:
-    format              "machina.checkpoint/1"
-    epoch, agent_step   counters after the epoch's update
+    format              "machina.checkpoint/2"
     policy              a policy file's payload (architecture + weights)
-    optimizer           optimizer.state_dict()
-    losses              {name: {"state_dict": ..., "attributes": {attr: tensor | packed TensorDict}}}
-    env                 env.state_dict(): every state tensor and its generator
-    rollout             {"step": packed TensorDict, "state": packed TensorDict}: the live observation and
-                        each agent's recurrent state
-    rng                 torch (and CUDA), numpy and python RNG states
-    other_ranks         under torchrun: [{env, rollout, losses, rng}] of ranks 1..N-1 (the entries above are rank
-                        0's), gathered by rank 0, which alone writes; [] for a single process
-    history             per-epoch agent_step / reward / SPS, so the run summary spans resumes
+    trainer             Trainer.state_dict(): epoch and agent_step after the epoch's update, the per-epoch history
+                        (agent_step / reward / SPS, so the run summary spans resumes) and the learner's optimizer
+    ranks               per rank, Trainer.local_state_dict() (env, rollout, losses) and its RNG states (torch,
+                        CUDA, numpy, python), gathered by rank 0, which alone writes
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
     config              the resolved config of the run that wrote it
     checksum            sha256 of everything above (``machina.checksum``), verified on load
@@ -39,19 +33,11 @@ from machina import checksum, distributed
 from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
-from machina.training.state import (
-    capture_losses,
-    capture_rng,
-    nonfinite,
-    pack,
-    restore_losses,
-    restore_rng,
-    unpack,
-)
+from machina.training.state import capture_rng, nonfinite, restore_rng
 
 log = logging.getLogger(__name__)
 
-FORMAT = "machina.checkpoint/1"
+FORMAT = "machina.checkpoint/2"
 CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
 POLICY = re.compile(r"policy_(\d+)\.pt")
 
@@ -111,29 +97,18 @@ class Checkpointer:
                 f"non-finite values after epoch {trainer.epoch} in {', '.join(bad[:3])}"
                 + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
                 + f": checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
-                "coefficients or trainer.max_grad_norm"
+                "coefficients or learner.max_grad_norm"
             )
-        ranks = distributed.gather_to_main(
-            {
-                "env": trainer.env.state_dict(),
-                "rollout": {"step": pack(trainer.rollout.step_td), "state": pack(trainer.rollout.state)},
-                "losses": capture_losses(trainer.losses),
-                "rng": capture_rng(),
-            }
-        )
+        ranks = distributed.gather_to_main({**trainer.local_state_dict(), "rng": capture_rng()})
         if ranks is None:  # not rank 0
             self.latest = path
             return path
         payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
         state = {
             "format": FORMAT,
-            "epoch": trainer.epoch,
-            "agent_step": trainer.agent_step,
             "policy": payload,
-            "optimizer": trainer.optimizer.state_dict(),
-            **ranks[0],
-            "other_ranks": ranks[1:],
-            "history": trainer.history,
+            "trainer": trainer.state_dict(),
+            "ranks": ranks,
             "wandb_run_id": self.wandb_run_id,
             "config": self.config,
         }
@@ -179,43 +154,28 @@ class Checkpointer:
                 f"{where} has a policy with {policy['num_actions']} actions but the env has "
                 f"{trainer.policy.num_actions}; resume with the checkpoint's env.num_vibes"
             )
-        own = rank_state(data, distributed.rank())
-        settings = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
+        ranks = data["ranks"]
+        own = ranks[distributed.rank()] if distributed.rank() < len(ranks) else None
         try:
-            if own is not None:
-                trainer.env.load_state_dict(own["env"])
             trainer.policy.load_state_dict(policy["state_dict"])
-            trainer.optimizer.load_state_dict(data["optimizer"])
+            trainer.load_state_dict(data["trainer"])
+            if own is not None:
+                trainer.load_local_state_dict(own)
         except (ValueError, RuntimeError, KeyError) as err:
             changed = config_diff(data["config"].get("env", {}), self.config.get("env", {}), "env")
             raise ConfigError(
                 f"{where} does not fit this run ({str(err)[:200]}); settings that changed: "
                 f"{'; '.join(changed) or 'none in env'}; resume with the checkpoint's settings"
             ) from None
-        for group, fresh in zip(trainer.optimizer.param_groups, settings, strict=True):
-            group.update(fresh)
         if own is not None:
-            device = trainer.experience.device
-            step = unpack(own["rollout"]["step"], device)
-            missing = [key for key in trainer.rollout.step_td.keys() if key not in step.keys()]
-            if missing:  # the env emits more than when the checkpoint was taken (its teacher was off): observe it
-                current = trainer.env.observe()
-                for key in missing:
-                    step[key] = current[key]
-            trainer.rollout.step_td = step
-            trainer.rollout.state = unpack(own["rollout"]["state"], device)
-            restore_losses(trainer.losses, own["losses"], device)
             restore_rng(own["rng"])
-        saved_ranks = 1 + len(data.get("other_ranks", []))
-        if saved_ranks != distributed.world_size():
+        if len(ranks) != distributed.world_size():
             log.warning(
                 "%s was written by %d ranks and this run has %d: ranks without a saved state start with fresh envs",
                 where,
-                saved_ranks,
+                len(ranks),
                 distributed.world_size(),
             )
-        trainer.epoch, trainer.agent_step = data["epoch"], data["agent_step"]
-        trainer.history = list(data["history"])
         for change in config_diff(data["config"], self.config, ""):
             log.warning("resuming %s with a changed setting: %s", source.name, change)
 
@@ -231,17 +191,14 @@ def architecture_only(architecture: dict[str, Any]) -> dict[str, Any]:
     return {**architecture, "action_probs": {k: v for k, v in probs.items() if k != "emit_full_log_probs"}}
 
 
-def rank_state(data: dict[str, Any], rank: int) -> dict[str, Any] | None:
-    """Rank ``rank``'s env, rollout, losses and RNG state in a checkpoint; None when it was written by fewer ranks."""
-    if rank == 0:
-        return data
-    others = data.get("other_ranks", [])
-    return others[rank - 1] if rank <= len(others) else None
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a training checkpoint safely; a policy file or a foreign file is refused with a clear message."""
     data = read_checkpoint_file(path)
+    if data["format"] != FORMAT and str(data["format"]).startswith("machina.checkpoint/"):
+        raise ConfigError(
+            f"{str(path)!r} is a training checkpoint of another machina version ({data['format']!r}, this one reads "
+            f"{FORMAT!r}); start a new run, or take its policy_*.pt as a teacher or for eval.py"
+        )
     if data["format"] != FORMAT:
         raise ConfigError(
             f"{str(path)!r} has format {data['format']!r}, not a training checkpoint ({FORMAT!r}); resume from a "

@@ -15,6 +15,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from machina import distributed, keys
+from machina.errors import ConfigError
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
@@ -23,10 +24,10 @@ from machina.training.experience import Experience
 
 
 class Learner:
-    """Updates the policy from a full experience buffer.
+    """Updates the policy from a full experience buffer (``conf/learner``; built by ``machina.build``).
 
     Args:
-        policy, losses, experience, optimizer: the parts it drives.
+        policy, losses, experience, optimizer, stopwatch: the parts it drives (injected).
         update_epochs: passes over the buffer per epoch.
         max_grad_norm: global gradient-norm clip.
         gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: advantage settings (see ``compute_advantages``).
@@ -43,17 +44,26 @@ class Learner:
         experience: Experience,
         optimizer: torch.optim.Optimizer,
         stopwatch: Stopwatch,
-        update_epochs: int,
-        max_grad_norm: float,
-        gamma: float,
-        gae_lambda: float,
-        vtrace_rho_clip: float,
-        vtrace_c_clip: float,
         lr_schedule: Callable[[float], float],
+        update_epochs: int = 1,
+        max_grad_norm: float = 0.5,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        vtrace_rho_clip: float = 1.0,
+        vtrace_c_clip: float = 1.0,
         target_kl: float | None = None,
     ):
-        if target_kl is not None and not (isinstance(target_kl, int | float) and math.isfinite(target_kl)):
-            raise ValueError(f"trainer.target_kl={target_kl!r} must be a finite number or null")
+        if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
+            raise ConfigError(f"learner.update_epochs must be an integer >= 1, got {update_epochs!r}")
+        check_range("max_grad_norm", max_grad_norm, 0, math.inf)
+        check_range("gamma", gamma, 0, 1)
+        check_range("gae_lambda", gae_lambda, 0, 1)
+        check_range("vtrace_rho_clip", vtrace_rho_clip, 0, math.inf)
+        check_range("vtrace_c_clip", vtrace_c_clip, 0, math.inf)
+        if target_kl is not None:
+            check_range("target_kl", target_kl, 0, math.inf)
+        if not losses:
+            raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
         self.model = distributed.wrap(policy)  # the policy itself in a single process
         self.stopwatch = stopwatch
@@ -67,6 +77,18 @@ class Learner:
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Restore the optimizer's state (moment estimates, step counts) but keep this run's hyper-parameters (lr,
+        eps, betas, weight decay: every param_group entry but ``params``): the configured values win, so a changed
+        ``optimizer.lr`` takes effect on resume."""
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(saved["optimizer"])
+        for group, fresh in zip(self.optimizer.param_groups, settings, strict=True):
+            group.update(fresh)
 
     def run(self, progress: Progress) -> None:
         exp, sw = self.experience, self.stopwatch
@@ -185,3 +207,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
     critic, 0 no better than a constant, negative worse. A 0-d device tensor (NaN when the returns are constant)."""
     total_var = returns.var()
     return torch.where(total_var > 0, 1.0 - (returns - values).var() / total_var, float("nan"))
+
+
+def check_range(name: str, value: float, low: float, high: float) -> None:
+    """``learner.<name>`` must be a number in [low, high] (NaN is in no range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"learner.{name}={value!r} must be a number in [{low}, {high}]; fix learner.{name}")

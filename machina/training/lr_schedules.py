@@ -1,6 +1,6 @@
 """Learning-rate schedules: the multiplier of ``optimizer.lr`` as a function of the fraction of training done.
 
-Chosen by ``_target_`` (``trainer/lr_schedule=constant|linear|cosine``). A schedule is a pure function of the
+Chosen by ``_target_`` (``learner/lr_schedule=constant|linear|cosine``). A schedule is a pure function of the
 agent-step counter, which checkpoints carry, so a resumed run continues the same schedule; the base rate is the
 configured ``optimizer.lr`` (the config wins on resume).
 """
@@ -37,5 +37,5 @@ class Cosine:
 
 def check_floor(floor: float) -> float:
     if isinstance(floor, bool) or not isinstance(floor, int | float) or not 0.0 <= floor <= 1.0:
-        raise ValueError(f"trainer.lr_schedule.floor={floor!r} must be a fraction of optimizer.lr in [0, 1]")
+        raise ValueError(f"learner.lr_schedule.floor={floor!r} must be a fraction of optimizer.lr in [0, 1]")
     return float(floor)

@@ -19,6 +19,7 @@ from machina.losses.base import Loss, Progress
 from machina.policy.inputs import next_state, rollout_input
 from machina.training.cuda_graph import GraphedForward
 from machina.training.experience import Experience
+from machina.training.state import pack, unpack
 
 # What every stored step takes from the env's output for the action it executed.
 OUTCOME_KEYS = (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED)
@@ -59,6 +60,22 @@ class Rollout:
             self.forward = GraphedForward(policy, keep=(*self.policy_keys, *keys.NEXT_STATE.values()))
         else:
             self.forward = policy
+
+    def state_dict(self) -> dict:
+        """The observation the next rollout acts on and each agent's recurrent state, as plain data."""
+        return {"step": pack(self.step_td), "state": pack(self.state)}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from ``saved``. Keys the env emits now but did not then (a teacher switched on by a loss added on
+        resume) come from the env's current observation."""
+        step = unpack(saved["step"], self.device)
+        missing = [key for key in self.step_td.keys() if key not in step.keys()]
+        if missing:
+            current = self.env.observe()
+            for key in missing:
+                step[key] = current[key]
+        self.step_td = step.select(*self.step_td.keys())
+        self.state = unpack(saved["state"], self.device)
 
     @torch.no_grad()
     def run(self, progress: Progress) -> int:

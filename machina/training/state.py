@@ -1,4 +1,4 @@
-"""Plain-data snapshots of live training state: RNGs, TensorDicts and the rollout-time state of losses.
+"""Plain-data snapshots of live training state: RNGs and TensorDicts.
 
 Everything here returns dicts, lists, numbers and tensors only, so a checkpoint made of them loads with
 ``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back, and ``nonfinite`` says whether
@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torch import nn
 
 
 def pack(td: TensorDict) -> dict[str, Any]:
@@ -21,32 +20,6 @@ def pack(td: TensorDict) -> dict[str, Any]:
 
 def unpack(packed: dict[str, Any], device: torch.device) -> TensorDict:
     return TensorDict(packed["tensors"], batch_size=packed["batch_size"]).to(device)
-
-
-def capture_losses(losses: dict[str, nn.Module]) -> dict[str, Any]:
-    """Each loss's ``state_dict`` plus the tensors and TensorDicts it keeps between rollout steps (e.g. eer_cloner's
-    previous step, eer_kickstarter's teacher recurrent state): taken at an epoch boundary, they carry into the next
-    rollout and decide its reward shaping."""
-    out = {}
-    for name, loss in losses.items():
-        attributes = {}
-        for attr, value in vars(loss).items():
-            if isinstance(value, TensorDict):
-                attributes[attr] = {"tensordict": pack(value)}
-            elif isinstance(value, torch.Tensor):
-                attributes[attr] = {"tensor": value.detach().clone()}
-        out[name] = {"state_dict": loss.state_dict(), "attributes": attributes}
-    return out
-
-
-def restore_losses(losses: dict[str, nn.Module], saved: dict[str, Any], device: torch.device) -> None:
-    for name, loss in losses.items():
-        if name not in saved:
-            continue  # a loss added on resume starts fresh
-        loss.load_state_dict(saved[name]["state_dict"])
-        for attr, value in saved[name]["attributes"].items():
-            restored = unpack(value["tensordict"], device) if "tensordict" in value else value["tensor"].to(device)
-            setattr(loss, attr, restored)
 
 
 def capture_rng() -> dict[str, Any]:

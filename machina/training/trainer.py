@@ -5,7 +5,6 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,27 +28,25 @@ PARAMS_FINITE = "params_finite"
 
 
 class Trainer:
-    """Trains ``policy`` on ``env`` until ``total_timesteps`` agent steps.
+    """Trains the policy until ``total_timesteps`` agent steps: epochs of ``rollout`` then ``learner``.
 
     Per epoch it logs (to every sink) ``metric/agent_step``, ``metric/epoch``, ``overview/sps`` (agent steps of the
     epoch / wall time of the whole epoch), ``overview/sps_cumulative``, ``overview/reward`` (mean return of the
     episodes that ended in the epoch), ``timing/<phase>`` seconds and ``timing/<phase>_frac`` fractions,
     ``losses/<loss>/<metric>``, ``env/<stat>`` and ``experience/<stat>``. Under torchrun, agent steps and SPS count
-    every rank's steps, and the other metrics are reduced over the ranks (``_epoch_metrics``); timings are this rank's.
+    every rank's steps, and the other metrics are reduced over the ranks (``epoch_metrics``); timings are this rank's.
 
     Args:
         total_timesteps: agent steps to train for, summed over the ranks under torchrun.
-        update_epochs, max_grad_norm, gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip, lr_schedule, target_kl:
-            see ``Learner``.
+        rollout, learner: the two phases of an epoch, built by ``machina.build`` (they hold the env, policy,
+            losses, buffer and optimizer).
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
         eval_interval: epochs between evaluations on held-out layouts (``eval/*`` metrics); 0 turns them off.
         replay_interval: epochs between replay GIFs in the run folder (and W&B); 0 turns them off.
-        env, policy, losses, experience, optimizer: the parts, built by ``machina.build``.
-        sinks: objects with ``log(dict)``, ``close()``.
+        sinks: objects with ``log(dict)``, ``close()``; ``machina.run`` sets them once a resume is accepted.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
-        cuda_graphs: replay the rollout forward as a CUDA graph (``system.cuda_graphs``, passed by ``build_trainer``).
 
     Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
     logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses non-finite
@@ -61,68 +58,88 @@ class Trainer:
     def __init__(
         self,
         total_timesteps: int,
-        update_epochs: int,
-        max_grad_norm: float,
-        gamma: float,
-        gae_lambda: float,
-        vtrace_rho_clip: float,
-        vtrace_c_clip: float,
-        checkpoint_interval: int,
-        eval_interval: int,
-        env,
-        policy: nn.Module,
-        losses: dict[str, Loss],
-        experience: Experience,
-        optimizer: torch.optim.Optimizer,
-        sinks: list,
-        lr_schedule: Callable[[float], float],
-        target_kl: float | None = None,
+        rollout: Rollout,
+        learner: Learner,
+        checkpoint_interval: int = 0,
         keep_checkpoints: int = 3,
+        eval_interval: int = 0,
         replay_interval: int = 0,
+        sinks: list | None = None,
         checkpointer: Checkpointer | None = None,
         evaluator: PeriodicEval | None = None,
-        cuda_graphs: bool = False,
     ):
         check_counts(
             total_timesteps=(total_timesteps, 1),
-            update_epochs=(update_epochs, 1),
             checkpoint_interval=(checkpoint_interval, 0),
             keep_checkpoints=(keep_checkpoints, 1),
             eval_interval=(eval_interval, 0),
             replay_interval=(replay_interval, 0),
         )
-        check_range("max_grad_norm", max_grad_norm, 0, math.inf)
-        check_range("gamma", gamma, 0, 1)
-        check_range("gae_lambda", gae_lambda, 0, 1)
-        if not losses:
-            raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
         self.total_timesteps = total_timesteps
+        self.rollout, self.learner = rollout, learner
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
         self.replay_interval, self.evaluator = replay_interval, evaluator
         self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
-        self.env, self.policy, self.losses, self.experience = env, policy, losses, experience
-        self.optimizer, self.sinks = optimizer, sinks
-        self.stopwatch = Stopwatch()
-        self.rollout = Rollout(env, policy, losses, experience, self.stopwatch, cuda_graphs)
-        self.learner = Learner(
-            policy,
-            losses,
-            experience,
-            optimizer,
-            self.stopwatch,
-            update_epochs,
-            max_grad_norm,
-            gamma,
-            gae_lambda,
-            vtrace_rho_clip,
-            vtrace_c_clip,
-            lr_schedule,
-            target_kl,
-        )
+        self.sinks = list(sinks or [])
         self.agent_step = 0
         self.epoch = 0
         # Per-epoch SUMMARY_KEYS only: small enough to checkpoint, so the run summary spans resumes.
         self.history: list[dict[str, float]] = []
+
+    @property
+    def env(self):
+        return self.rollout.env
+
+    @property
+    def policy(self) -> nn.Module:
+        return self.learner.policy
+
+    @property
+    def losses(self) -> dict[str, Loss]:
+        return self.learner.losses
+
+    @property
+    def experience(self) -> Experience:
+        return self.learner.experience
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.learner.optimizer
+
+    @property
+    def stopwatch(self) -> Stopwatch:
+        return self.learner.stopwatch
+
+    def state_dict(self) -> dict:
+        """What every rank shares: counters, the summary history and the learner (optimizer) state."""
+        return {
+            "epoch": self.epoch,
+            "agent_step": self.agent_step,
+            "history": list(self.history),
+            "learner": self.learner.state_dict(),
+        }
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.learner.load_state_dict(saved["learner"])
+        self.epoch, self.agent_step = saved["epoch"], saved["agent_step"]
+        self.history = list(saved["history"])
+
+    def local_state_dict(self) -> dict:
+        """What each rank owns: its envs, its rollout (live observation, recurrent state) and its losses' rollout
+        state (``Loss.get_extra_state``)."""
+        return {
+            "env": self.env.state_dict(),
+            "rollout": self.rollout.state_dict(),
+            "losses": {name: loss.state_dict() for name, loss in self.losses.items()},
+        }
+
+    def load_local_state_dict(self, saved: dict) -> None:
+        """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh."""
+        self.env.load_state_dict(saved["env"])
+        self.rollout.load_state_dict(saved["rollout"])
+        for name, loss in self.losses.items():
+            if name in saved["losses"]:
+                loss.load_state_dict(saved["losses"][name])
 
     @property
     def progress(self) -> Progress:
@@ -141,10 +158,10 @@ class Trainer:
         with StopSignals() as stop:
             try:
                 while self.agent_step < self.total_timesteps:
-                    steps = self._run_epoch()
+                    steps = self.run_epoch()
                     now = time.perf_counter()
                     sps_cumulative = (self.agent_step - start_step) / (now - start)
-                    metrics = self._epoch_metrics(steps, now - epoch_start, sps_cumulative)
+                    metrics = self.epoch_metrics(steps, now - epoch_start, sps_cumulative)
                     epoch_start = now
                     self._check_finite(metrics)
                     metrics.update(self._evaluate())
@@ -172,7 +189,9 @@ class Trainer:
                 ) from None
         return summarize(self.history, time.perf_counter() - start)
 
-    def _run_epoch(self) -> int:
+    def run_epoch(self) -> int:
+        """One epoch (rollout, then update) without its metrics read; return the agent steps taken (all ranks).
+        ``train`` runs these; benchmarks time them."""
         self.policy.eval()
         # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.
         steps = self.rollout.run(self.progress) * distributed.world_size()
@@ -205,9 +224,11 @@ class Trainer:
         latest = self.checkpointer.latest if self.checkpointer else None
         return f"the last good checkpoint is {str(latest)!r}" if latest else "no checkpoint was written"
 
-    def _epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
-        # Under torchrun: loss and buffer metrics are means over the ranks (a NaN on one rank stops them all), the
-        # env's episode sums are summed, so the episode means are over every rank's episodes.
+    def epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
+        """The epoch's metrics, from its one host read of every device metric (and the stopwatch's phases).
+
+        Under torchrun: loss and buffer metrics are means over the ranks (a NaN on one rank stops them all), the
+        env's episode sums are summed, so the episode means are over every rank's episodes."""
         learner_metrics, host_metrics = self.learner.pop_metrics()
         # The parameters' finiteness rides along in the same read (checked by ``_check_finite``, not logged).
         finite = torch.stack([p.detach().isfinite().all() for p in self.policy.parameters()]).all()
@@ -246,20 +267,14 @@ class Trainer:
                 f"non-finite loss at epoch {self.epoch} (agent step {self.agent_step}): "
                 + ", ".join(f"{k}={metrics[k]}" for k in bad)
                 + f"; the epoch was not checkpointed and {self._kept()}; lower optimizer.lr, the loss's "
-                "coefficients or trainer.max_grad_norm"
+                "coefficients or learner.max_grad_norm"
             )
         if not params_finite:
             raise TrainingStopped(
                 f"non-finite policy parameters after epoch {self.epoch} (agent step {self.agent_step}): the epoch was "
                 f"not logged or checkpointed and {self._kept()}; lower optimizer.lr, the loss's coefficients or "
-                "trainer.max_grad_norm"
+                "learner.max_grad_norm"
             )
-
-
-def check_range(name: str, value: float, low: float, high: float) -> None:
-    """``trainer.<name>`` must be a number in [low, high] (NaN is in no range)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(f"trainer.{name}={value!r} must be a number in [{low}, {high}]; fix trainer.{name}")
 
 
 def check_counts(**settings: tuple[int, int]) -> None:

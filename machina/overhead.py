@@ -1,0 +1,73 @@
+"""Launch overhead: host microseconds and aten ops per rollout step and per minibatch, at a tiny batch.
+
+    python -m machina.bench --overhead [--json] [HYDRA_OVERRIDE ...]
+
+At the batch sizes where a GPU is fastest, a step's time is bounded by Python work and kernel launches, not
+arithmetic; on a GPU every aten op is at least one kernel launch. Both can be measured on a CPU with a tiny batch
+(one env), where the arithmetic is negligible:
+
+- ``ops_per_step`` / ``ops_per_minibatch``: aten operators recorded by ``torch.profiler`` (every ``aten::`` event,
+  nested ones included; machine load does not change it);
+- ``host_us_per_step`` / ``host_us_per_minibatch``: the main thread's CPU time (``time.thread_time``) with one
+  torch thread, best of several rounds (less sensitive to other jobs than wall time, not immune to them).
+
+A rollout step is the policy forward, the losses' hooks, the env step and the buffer write (the rollout's final
+bootstrap forward is spread over its steps); a minibatch is one learner pass's share of its update (advantages,
+sampling, forward, losses, backward, clip, optimizer step).
+"""
+
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from machina.losses.base import Progress
+
+TINY = ["env.num_envs=1", "experience.batch_size=64", "experience.bptt_horizon=16", "experience.minibatch_size=64"]
+
+
+def aten_ops(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for event in prof.events() if event.name.startswith("aten::"))
+
+
+def host_seconds(fn, rounds: int = 7) -> float:
+    """Best main-thread CPU seconds of ``fn`` over ``rounds`` calls (after one warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def measure(trainer) -> dict[str, float]:
+    """Per rollout step and per minibatch: aten ops and host microseconds of ``trainer``'s own rollout and learner."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        progress = Progress(0, 1)
+        steps = trainer.experience.batch_size // trainer.env.spec.num_agents
+        minibatches = trainer.experience.num_minibatches * trainer.learner.update_epochs
+
+        def rollout():
+            trainer.policy.eval()
+            trainer.rollout.run(progress)
+
+        def learn():
+            trainer.policy.train()
+            trainer.learner.run(progress)
+            trainer.learner.pop_metrics()
+
+        rollout()
+        learn()  # warm-up: lazy initialisation, optimizer state
+        return {
+            "ops_per_step": aten_ops(rollout) / steps,
+            "host_us_per_step": 1e6 * host_seconds(rollout) / steps,
+            "ops_per_minibatch": aten_ops(learn) / minibatches,
+            "host_us_per_minibatch": 1e6 * host_seconds(learn) / minibatches,
+        }
+    finally:
+        torch.set_num_threads(threads)
