@@ -20,6 +20,7 @@ from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.training.checkpoint import Checkpointer, find_checkpoint, load_checkpoint, trim_metrics
 from machina.training.periodic_eval import PeriodicEval
+from machina.training.trainer import summarize
 from machina.validation import check_types
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,10 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
             log.info("policy parameters identical on all %d ranks (digest %s)", distributed.world_size(), digest)
         if wandb:
             wandb.summarize(summary)
+    except BaseException as err:  # an interrupted or failed run must not look finished in W&B
+        if wandb:
+            wandb.stop(err, summarize(trainer.history))
+        raise
     finally:
         for sink in sinks:
             sink.close()
