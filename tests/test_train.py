@@ -161,6 +161,7 @@ def test_the_summary_sps_is_agent_steps_over_training_time():
     assert summary["summary/sps_mean"] == pytest.approx(3000 / 12)  # the mean of the epoch rates would be 700
     assert summary["summary/sps_max"] == 1000.0 and summary["summary/agent_steps"] == 3000
     assert (summary["summary/final_reward"], summary["summary/best_reward"]) == (0.25, 0.5)
+    assert summarize([])["summary/agent_steps"] == 0  # stopped before its first epoch
 
 
 def test_the_progress_line_counts_to_the_last_whole_epoch(caplog):

@@ -301,7 +301,7 @@ def summarize(history: list[dict[str, float]]) -> dict[str, float]:
     """
     rewards = [m["overview/reward"] for m in history if math.isfinite(m["overview/reward"])]
     steps = [m["metric/agent_step"] for m in history]
-    before = [0, *steps[:-1]]
+    before = [0, *steps][:-1]
     seconds = sum((s - b) / m["overview/sps"] for b, s, m in zip(before, steps, history, strict=True))
     return {
         "summary/final_reward": rewards[-1] if rewards else float("nan"),
