@@ -5,11 +5,12 @@ task function runs, so this check has to come first).
     python train.py losses=[ppo,supervisr]    -> 'supervisr' is not an option of group losses (did you mean ...?)
     python train.py trainer.total_timestep=10  -> no key trainer.total_timestep (did you mean ...?)
 
-It parses the overrides with Hydra's own parser and composes the config once with the compose API, which writes
-nothing. What it cannot judge it leaves to Hydra untouched: ``+key`` additions, ``~key`` deletions, ``hydra.*`` keys
-and ``hydra/*`` groups' values, and sweep values it cannot enumerate (Optuna's ``interval``, ``glob``). Each value of
-a sweep over a group (``-m 'losses=[ppo],[ppo,supervisor]'``) is checked; a key is looked up in the config composed
-with the first value of every sweep (and, before it is called unknown, with each other value of a group sweep).
+It parses the overrides with Hydra's own parser and composes the config with the compose API, which writes nothing.
+What it cannot judge it leaves to Hydra untouched: ``+key`` additions, ``~key`` deletions, ``hydra.*`` keys, and
+sweep values it cannot enumerate (Optuna's ``interval``, ``glob``). Each option a group override names is checked,
+``hydra/*`` groups and every value of a sweep (``-m 'losses=[ppo],[ppo,supervisor]'``) included; a key is looked up
+in the config composed with the first value of every sweep (and, before it is called unknown, with each other value
+of a group sweep, one composition each).
 """
 
 import difflib
