@@ -1,10 +1,13 @@
 """Train a machina experiment: ``python train.py [group=option ...] [key=value ...]`` (Hydra CLI)."""
 
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from machina import distributed, resolvers
+from machina import distributed, preflight, resolvers
 from machina.cli import report_errors
 
 # Registered at import time, before @hydra.main composes (also in launcher subprocesses, which re-import this file).
@@ -22,4 +25,6 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    # A misspelt option or key, or an unwritable run folder, stops here (exit 2), before Hydra makes a run folder.
+    preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     main()

@@ -4,19 +4,42 @@
     python -m machina.compare RUN_OR_SWEEP_DIR... --out compare.png --json
 
 Each argument is a run folder or any folder above run folders (a sweep, or all of ``outputs/``). One row per run:
-what it changed (the overrides that not all runs share), status, epochs, agent steps, SPS mean/max, final and best
-return, wall time. A failed or interrupted job gets a row too, with the last error from its ``train.log``.
+job number (sweeps), status, what it changed (the overrides that not all runs share), epochs, agent steps, sps
+(agent steps / training wall time) and the fastest epoch's SPS, final and best return, training wall time (the sum
+of the epochs), the start date and the folder (a sweep job's folder, named after its overrides, as ``N_*``).
+
+Which folders are listed, decided from what they hold: only training runs (``.hydra/config.yaml`` has a ``trainer``
+node; ``eval.py``'s folders have none); of those, every job of a sweep (a failed job is part of its sweep's result),
+and every single run that logged at least one epoch. A single run with no epoch (it stopped at start-up: a bad
+setting) is left out, unless its folder is an argument itself. A stop by Ctrl-C or SIGTERM is ``incomplete`` (it
+resumes), a stop with another error ``failed``; the last error of its ``train.log`` is printed under its row.
 """
 
 import argparse
 import json
 import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
-from machina.run_folders import RunRecord, find_run_dirs, read_run
+from machina.run_folders import RunRecord, find_run_dirs, is_training_run, read_run
 
-COLUMNS = ("job", "status", "changes", "epochs", "agent steps", "sps mean", "sps max", "final ret", "best ret", "wall")
+COLUMNS = (
+    "job",
+    "status",
+    "changes",
+    "epochs",
+    "agent steps",
+    "sps",
+    "sps max",
+    "final ret",
+    "best ret",
+    "wall",
+    "started",
+    "folder",
+)
+# Text columns align left, numbers right.
+ALIGN = "<<<>>>>>>><<"
 
 
 def shared_overrides(runs: list[RunRecord]) -> list[str]:
@@ -31,8 +54,9 @@ def changes(run: RunRecord, shared: list[str]) -> str:
     return " ".join(o for o in run.overrides if o not in shared) or "(defaults)"
 
 
-def table(runs: list[RunRecord]) -> str:
-    """A plain-text table, one row per run; an error line under each failed or incomplete run."""
+def table(runs: list[RunRecord], folders: dict[Path, str] | None = None) -> str:
+    """A plain-text table, one row per run; an error line under each failed or incomplete run. ``folders`` maps a
+    run's path to the name shown in the folder column (default: the path)."""
     shared = shared_overrides(runs)
     rows = [
         (
@@ -46,15 +70,15 @@ def table(runs: list[RunRecord]) -> str:
             number(run.final_return, 3),
             number(run.best_return, 3),
             f"{run.wall_time:.1f}s",
+            f"{run.started:%Y-%m-%d %H:%M}" if run.started else "-",
+            (folders or {}).get(run.path, str(run.path)),
         )
         for run in runs
     ]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-    # Text columns align left, numbers right.
-    align = ["<", "<", "<"] + [">"] * (len(COLUMNS) - 3)
 
     def line(cells) -> str:
-        return "  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(cells, align, widths, strict=True)).rstrip()
+        return "  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(cells, ALIGN, widths, strict=True)).rstrip()
 
     lines = [f"shared overrides: {' '.join(shared)}"] if shared else []
     lines += [line(COLUMNS), line("-" * w for w in widths)]
@@ -65,35 +89,45 @@ def table(runs: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[RunRecord], out: Path) -> Path:
-    """SPS and mean return against agent steps, one line per run that logged at least one epoch."""
+def plot(runs: list[RunRecord], out: Path, folders: dict[Path, str] | None = None) -> Path:
+    """SPS and mean return against agent steps, one line per run that logged at least one epoch, and a legend
+    beside them: each run's job (or folder) and what it changed, wrapped between overrides, never inside one."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     import matplotlib.pyplot as plt
 
     shared = shared_overrides(runs)
-    fig, (ax_sps, ax_ret) = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
+    fig, (ax_sps, ax_ret, ax_legend) = plt.subplots(
+        1, 3, figsize=(10, 4), dpi=80, gridspec_kw={"width_ratios": [1, 1, 0.9]}
+    )
     for run in runs:
         if not run.curve:
             continue
-        label = f"{run.job}: {changes(run, shared)}"[:60]
+        name = run.job if run.sweep else (folders or {}).get(run.path, run.path.name)
+        label = legend_label(f"{name}: {changes(run, shared)}")
         steps = [step for step, _, _ in run.curve]
         ax_sps.plot(steps, [sps for _, sps, _ in run.curve], marker=".", label=label)
         # Only epochs in which an episode ended have a return; the line joins those.
         ended = [(step, r) for step, _, r in run.curve if r is not None]
-        ax_ret.plot([step for step, _ in ended], [r for _, r in ended], marker=".", label=label)
+        ax_ret.plot([step for step, _ in ended], [r for _, r in ended], marker=".")
     ax_sps.set(title="SPS (agent steps / s)", xlabel="agent steps")
     ax_ret.set(title="mean episode return", xlabel="agent steps")
     for ax in (ax_sps, ax_ret):
         ax.grid(alpha=0.3)
+    ax_legend.axis("off")
     if any(run.curve for run in runs):
-        ax_ret.legend(fontsize=7, loc="best")
+        ax_legend.legend(*ax_sps.get_legend_handles_labels(), loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def legend_label(text: str, width: int = 40) -> str:
+    """``text`` on lines of about ``width`` characters, broken only at spaces (between overrides)."""
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
 
 
 def number(value: float | None, digits: int = 0) -> str:
@@ -102,15 +136,35 @@ def number(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def collect(directories: list[Path]) -> list[RunRecord]:
-    """Every run under the given folders, each once, in the order of the arguments, then job order."""
-    seen, runs = set(), []
+def collect(directories: list[Path]) -> tuple[list[RunRecord], dict[Path, str], int]:
+    """Every training run under the given folders, each once, in the order of the arguments, then job order (the
+    rule is in the module docstring); the name of each run's folder relative to its argument; how many Hydra
+    folders were left out."""
+    seen, runs, folders, skipped = set(), [], {}, 0
     for directory in directories:
         for run_dir in find_run_dirs(directory):
-            if run_dir.resolve() not in seen:
-                seen.add(run_dir.resolve())
-                runs.append(read_run(run_dir))
-    return runs
+            if run_dir.resolve() in seen:
+                continue
+            seen.add(run_dir.resolve())
+            run = read_run(run_dir) if is_training_run(run_dir) else None
+            named = run_dir.resolve() == Path(directory).resolve()
+            if run is None or not (run.sweep or run.epochs or named):
+                skipped += 1
+                continue
+            runs.append(run)
+            folders[run.path] = folder_name(run, directory)
+    return runs, folders, skipped
+
+
+def folder_name(run: RunRecord, directory: Path) -> str:
+    """The run's folder relative to the argument it was found under (the argument itself when it is the run); a
+    sweep job's folder (``N_OVERRIDES``, the overrides are in the changes column) as the glob ``N_*``."""
+    relative = run.path.relative_to(directory)
+    if relative == Path():
+        return str(directory)
+    if run.sweep and relative.name.startswith(f"{run.job}_"):
+        relative = relative.with_name(f"{run.job}_*")
+    return str(relative)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,17 +174,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
     args = parser.parse_args(argv)
 
-    runs = collect(args.dirs)
+    runs, folders, skipped = collect(args.dirs)
+    if skipped:
+        print(
+            f"left out {skipped} folder(s) that are not training runs (eval.py output) or stopped before their "
+            "first epoch (start-up errors); name a folder to see it",
+            file=sys.stderr,
+        )
     if not runs:
-        print(f"no run folders (with a .hydra/ inside) under {' '.join(map(str, args.dirs))}", file=sys.stderr)
+        print(
+            f"no training runs (folders with a .hydra/ inside) under {' '.join(map(str, args.dirs))}", file=sys.stderr
+        )
         return 1
-    out = plot(runs, args.out or args.dirs[0] / "compare.png")
+    out = plot(runs, args.out or args.dirs[0] / "compare.png", folders)
     if args.json:
         for run in runs:
             row = {k: v for k, v in asdict(run).items() if k != "curve"}
-            print(json.dumps({**row, "path": str(run.path)}))
+            started = run.started.isoformat(" ") if run.started else None
+            print(json.dumps({**row, "path": str(run.path), "folder": folders[run.path], "started": started}))
     else:
-        print(table(runs))
+        print(table(runs, folders))
     print(f"plot: {out}", file=sys.stderr)
     return 0
 

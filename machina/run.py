@@ -30,6 +30,7 @@ from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.run_lock import RunLock
 from machina.training.checkpoint import Checkpointer, check_same_run, find_checkpoint, load_checkpoint, trim_metrics
 from machina.training.periodic_eval import PeriodicEval
+from machina.training.trainer import summarize
 from machina.validation import check_ranges, check_types
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,10 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> fl
             log.info("policy parameters identical on all %d ranks (digest %s)", distributed.world_size(), digest)
         if wandb:
             wandb.summarize(summary)
+    except BaseException as err:  # an interrupted or failed run must not look finished in W&B
+        if wandb:
+            wandb.stop(err, summarize(trainer.history))
+        raise
     finally:
         for sink in trainer.sinks:
             sink.close()

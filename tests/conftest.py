@@ -1,7 +1,9 @@
-"""Shared fixtures: Hydra composition of the real conf/, and an environment that keeps W&B off the network."""
+"""Shared fixtures: Hydra composition of the real conf/, and an environment that keeps W&B off the network; and a
+line for each slow test as it starts and ends, so a long quiet stretch of the progress dots shows what runs."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,39 @@ def run_train(args, cwd=ROOT, timeout=600, env_extra=None):
         text=True,
         timeout=timeout,
     )
+
+
+class SlowTestLines:
+    """A line when a test marked slow starts, and one with its outcome and duration when it ends: the slow tests
+    (trainings in subprocesses, sweeps, torchrun) take minutes on a busy machine, in which the dots stand still."""
+
+    def __init__(self, terminal):
+        self.terminal = terminal
+        self.outcome: dict[str, str] = {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        if not item.get_closest_marker("slow"):
+            yield
+            return
+        self._line(f"[slow] {item.nodeid} ...")
+        start = time.perf_counter()
+        yield
+        outcome = self.outcome.pop(item.nodeid, "passed")
+        self._line(f"[slow] {item.nodeid} {outcome} in {time.perf_counter() - start:.0f}s")
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed or (report.skipped and report.when != "teardown"):
+            self.outcome.setdefault(report.nodeid, report.outcome)
+
+    def _line(self, text: str) -> None:
+        if self.terminal._tw.width_of_current_line:  # after progress dots (-q), start a line of our own
+            self.terminal.write("\n")
+        self.terminal.write_line(text)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        config.pluginmanager.register(SlowTestLines(terminal), "slow-test-lines")

@@ -136,6 +136,7 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(short_run, losses, 
     ]
 
 
+@pytest.mark.slow
 def test_kill_9_between_checkpoints_then_resume(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]

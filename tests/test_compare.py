@@ -1,31 +1,37 @@
-"""`python -m machina.compare` on hand-made run folders: statuses, the table, --json and the PNG, with no training."""
+"""`python -m machina.compare` on hand-made run folders: which folders are runs, statuses, the table, --json and the
+PNG, with no training."""
 
 import json
+import re
+from datetime import datetime
 
 import yaml
 from PIL import Image
 
-from machina.compare import main, shared_overrides, table
+from machina.compare import collect, legend_label, main, shared_overrides, table
 from machina.run_folders import find_run_dirs, read_run
 
 COMMON = ["env.num_envs=16", "trainer.total_timesteps=2048"]
+LOG_START = "[2026-11-30 01:46:29,231][machina.run][INFO] - run ...\n"
 
 
-def make_run(folder, overrides, epochs, log="", torn=False):
-    """A run folder as train.py leaves it: .hydra/, resolved_config.yaml, train.log and ``epochs`` metric rows."""
+def make_run(folder, overrides, epochs, log="", torn=False, job=None):
+    """A run folder as train.py leaves it: .hydra/, train.log and ``epochs`` metric rows. ``job``: its number in a
+    sweep (default: the number its folder name starts with); -1 for a single run."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"trainer": {"total_timesteps": 2048}}))
-    job_num = int(folder.name.split("_")[0])
-    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": job_num}}}))
-    (folder / "train.log").write_text(log)
+    job = int(folder.name.split("_")[0]) if job is None else job
+    mode, num = ("RUN", "???") if job < 0 else ("MULTIRUN", job)
+    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"mode": mode, "job": {"num": num}}}))
+    (folder / "train.log").write_text(LOG_START + log)
     rows = [
         {
             "metric/agent_step": 1024 * (i + 1),
             "metric/epoch": i + 1,
-            "overview/sps": 1000.0 * (i + 1),
+            "overview/sps": 1024 / (0.5 * (i + 1)),  # epochs of 0.5 s, 1 s, ...
             "overview/reward": None if i == 0 else 0.5 * i,  # no episode ended in the first epoch
-            "timing/epoch": 1.5,
+            "timing/epoch": 0.5 * (i + 1),
         }
         for i in range(epochs)
     ]
@@ -52,21 +58,72 @@ def test_statuses_and_numbers_come_from_the_run_folders(tmp_path):
     assert [r.job for r in runs] == ["0", "1", "2", "10"]
     assert [r.status for r in runs] == ["ok", "incomplete", "failed", "ok"]
     ok, incomplete, failed, _ = runs
-    assert (ok.epochs, ok.agent_steps, ok.sps_mean, ok.sps_max) == (2, 2048, 1500.0, 2000.0)
-    assert (ok.final_return, ok.best_return, ok.wall_time) == (0.5, 0.5, 3.0)
+    # sps: agent steps / the epochs' wall time, not the mean of the epoch rates (1536 steps/s).
+    assert (ok.epochs, ok.agent_steps, ok.wall_time, ok.sps_max) == (2, 2048, 1.5, 2048.0)
+    assert ok.sps_mean == 2048 / 1.5
+    assert (ok.final_return, ok.best_return, ok.started) == (0.5, 0.5, datetime(2026, 11, 30, 1, 46, 29))
     assert incomplete.epochs == 1 and incomplete.final_return is None and incomplete.error is None
     assert failed.error == "ConfigError: experience.batch_size=1000 must be ..."
 
 
-def test_table_shows_what_each_run_changed_and_the_failure(tmp_path):
-    runs = [read_run(d) for d in find_run_dirs(make_sweep(tmp_path))]
+def test_a_stop_by_a_signal_is_incomplete_not_failed(tmp_path):
+    interrupted = "[2026-11-30 01:47:00,000][machina][ERROR] - Interrupted: stopped by SIGINT after epoch 1; ...\n"
+    make_run(tmp_path / "run", COMMON, epochs=1, log=interrupted, job=-1)
+    nan = "[2026-11-30 01:47:00,000][machina][ERROR] - TrainingStopped: non-finite loss at epoch 2 ...\n"
+    make_run(tmp_path / "nan", COMMON, epochs=1, log=nan, job=-1)
+    run, stopped = read_run(tmp_path / "run"), read_run(tmp_path / "nan")
+    assert (run.status, run.error) == ("incomplete", "Interrupted: stopped by SIGINT after epoch 1; ...")
+    assert stopped.status == "failed"
+
+
+def test_only_training_runs_are_listed(tmp_path, capsys):
+    """Of a folder of outputs: single runs with epochs and every sweep job; not eval.py's folders, nor single runs
+    that stopped at start-up (unless named)."""
+    outputs = tmp_path / "outputs"
+    make_run(outputs / "2026-11-30" / "01-46-29", [], epochs=2, job=-1)
+    make_run(outputs / "2026-11-30" / "01-50-00", [], epochs=2, job=-1)
+    failed_start = outputs / "2026-11-30" / "02-00-00"
+    make_run(failed_start, ["trainer.gamma=2"], epochs=0, job=-1, log="[...][machina][ERROR] - ConfigError: ...\n")
+    (outputs / "eval" / "2026-11-30" / "03-00-00" / ".hydra").mkdir(parents=True)
+    (outputs / "eval" / "2026-11-30" / "03-00-00" / ".hydra" / "config.yaml").write_text("checkpoint: x\n")
+    make_sweep(outputs / "multirun" / "sweep")
+
+    runs, folders, skipped = collect([outputs])
+    assert skipped == 2
+    assert [folders[run.path] for run in runs] == [
+        "2026-11-30/01-46-29",
+        "2026-11-30/01-50-00",
+        "multirun/sweep/0_*",
+        "multirun/sweep/1_*",
+        "multirun/sweep/2_*",
+        "multirun/sweep/10_*",
+    ]
+    assert [run.job for run in runs] == ["-", "-", "0", "1", "2", "10"]  # a single run has no job number
+    assert main([str(failed_start)]) == 0  # named: listed, as failed
+    assert "failed: ConfigError: ..." in capsys.readouterr().out
+
+
+def test_table_shows_what_each_run_changed_when_and_where(tmp_path):
+    runs, folders, _ = collect([make_sweep(tmp_path)])
     assert shared_overrides(runs) == COMMON
-    text = table(runs)
-    assert text.splitlines()[0] == "shared overrides: env.num_envs=16 trainer.total_timesteps=2048"
-    row = next(line for line in text.splitlines() if line.startswith("0 "))
-    assert row.split()[:5] == ["0", "ok", "losses=[ppo]", "2", "2048"]
+    text = table(runs, folders)
+    lines = text.splitlines()
+    assert lines[0] == "shared overrides: env.num_envs=16 trainer.total_timesteps=2048"
+    assert re.split(" {2,}", lines[1]) == ["job", "status", "changes", "epochs", "agent steps", "sps", "sps max"] + [
+        "final ret",
+        "best ret",
+        "wall",
+        "started",
+        "folder",
+    ]
+    row = next(line for line in lines if line.startswith("0 "))
+    assert row.split() == ["0", "ok", "losses=[ppo]", "2", "2048", "1,365", "2,048", "0.500", "0.500", "1.5s"] + [
+        "2026-11-30",
+        "01:46",
+        "0_*",
+    ]
     assert "    failed: ConfigError: experience.batch_size=1000 must be ..." in text
-    assert "trainer.total_timesteps" not in "\n".join(text.splitlines()[1:])
+    assert "trainer.total_timesteps" not in "\n".join(lines[1:])
 
 
 def test_cli_json_rows_and_png(tmp_path, capsys):
@@ -75,9 +132,10 @@ def test_cli_json_rows_and_png(tmp_path, capsys):
     assert main([str(sweep), "--json", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [row["status"] for row in rows] == ["ok", "incomplete", "failed", "ok"]
-    assert rows[0]["overrides"] == ["losses=[ppo]", *COMMON] and rows[0]["sps_max"] == 2000.0
+    assert rows[0]["overrides"] == ["losses=[ppo]", *COMMON] and rows[0]["sps_max"] == 2048.0
+    assert (rows[0]["folder"], rows[0]["started"]) == ("0_*", "2026-11-30 01:46:29")
     with Image.open(out) as image:
-        assert image.format == "PNG" and 600 <= image.width <= 1200 and 250 <= image.height <= 600
+        assert image.format == "PNG" and image.size == (800, 320)
 
 
 def test_default_png_goes_in_the_first_folder_and_an_empty_folder_is_an_error(tmp_path, capsys):
@@ -87,3 +145,12 @@ def test_default_png_goes_in_the_first_folder_and_an_empty_folder_is_an_error(tm
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and lines[2].startswith("0    ok      losses=[ppo] env.num_envs=16")  # no shared line
     assert main([str(tmp_path / "empty")]) == 1
+
+
+def test_legend_labels_break_between_overrides_never_inside_one():
+    label = legend_label("3: losses=[ppo,sliced_scripted_cloner] system.torch_deterministic=False trainer.gamma=0.9")
+    assert label.splitlines() == [
+        "3: losses=[ppo,sliced_scripted_cloner]",
+        "system.torch_deterministic=False",
+        "trainer.gamma=0.9",
+    ]

@@ -158,6 +158,7 @@ def ddp_rank(rank: int, port: int, out_dir: str) -> None:
         torch.save(saved, f"{out_dir}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_ddp_step_equals_one_process_on_the_union_of_minibatches(tmp_path):
     mp.spawn(ddp_rank, args=(free_port(), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]

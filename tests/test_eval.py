@@ -108,6 +108,7 @@ def test_eval_py_writes_eval_json_with_three_rows_and_a_replay(tiny, tmp_path):
         assert gif.n_frames == 5
 
 
+@pytest.mark.slow
 def test_periodic_eval_rows_and_replays_during_training(tmp_path):
     from tests.test_train import TINY
 

@@ -57,6 +57,7 @@ def test_cloning_the_teacher_raises_agreement(tmp_path):
     assert rows[-1]["losses/supervisor/supervised_loss"] < rows[0]["losses/supervisor/supervised_loss"]
 
 
+@pytest.mark.slow
 def test_cloning_learns_from_observations_not_only_the_action_marginal():
     """Regression: with a 0.01-std actor head behind the LSTM, cloning fitted the teacher's action marginal by
     saturating the LSTM gates and then stalled near it (agreement about the most common action's share), even

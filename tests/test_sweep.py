@@ -53,6 +53,7 @@ def sweep(tmp_path, capsys, args) -> tuple:
     return folder, result, compare_rows(folder, capsys)
 
 
+@pytest.mark.slow
 def test_two_by_two_sweep_groups_names_tags_config_summary_and_comparison(tmp_path, wandb_dirs, capsys):
     folder, _, rows = sweep(
         tmp_path, capsys, ["losses=[ppo],[ppo,supervisor]", "system.torch_deterministic=true,false", *TINY]
@@ -94,6 +95,7 @@ def test_two_by_two_sweep_groups_names_tags_config_summary_and_comparison(tmp_pa
     assert re.search(r"^3 +ok +losses=\[ppo,supervisor\] system.torch_deterministic=False +2 +2048 ", text, re.M)
 
 
+@pytest.mark.slow
 def test_failing_job_is_reported_and_does_not_hide_the_other(tmp_path, capsys):
     folder = tmp_path / "sweep"
     tiny = [o for o in TINY if not o.startswith("experience.batch_size=")]  # a later override would win

@@ -1,16 +1,36 @@
-"""End-to-end training: a real `python train.py` subprocess, its run folder, metrics.jsonl and offline W&B run;
-and the rule that a rollout step makes no host-device sync."""
+"""End-to-end training: a real `python train.py` subprocess, its run folder, metrics.jsonl and offline W&B run
+(finished, interrupted and resumed); what the user reads (messages, exit codes, the progress line, the resume
+command, the run summary); and the rule that a rollout step makes no host-device sync."""
 
 import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import open_dict
 
 from machina.bench import count_host_reads
 from machina.build import build, build_trainer
-from machina.training.trainer import Trainer
-from tests.conftest import compose_config, run_train
+from machina.cli import report_errors, resume_command
+from machina.env.machina_1 import Machina1Env
+from machina.logging.identity import wandb_identity
+from machina.logging.sinks import ConsoleSink
+from machina.run import train
+from machina.training.trainer import Trainer, summarize
+from tests.conftest import ROOT, compose_config, run_train
 from tests.wandb_reader import find_runs, read_run
 
+# The seconds-long run of experiment=debug (experiments/debug.yaml), written out so other tests can vary it.
 TINY = [
     "env.num_envs=16",
     "env.max_steps=40",
@@ -21,9 +41,16 @@ TINY = [
 ]
 
 
+def test_the_debug_preset_is_the_tiny_run():
+    debug, tiny = compose_config(["experiment=debug"]), compose_config(TINY)
+    assert debug == tiny
+    assert debug.system.torch_deterministic is False  # machina_1's recipe, only smaller
+
+
+@pytest.mark.slow
 def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dirs):
     run_dir = tmp_path / "run"
-    result = run_train([*TINY, f"hydra.run.dir={run_dir}"])
+    result = run_train(["experiment=debug", f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["metric/epoch"] for r in rows] == [1, 2, 3]
@@ -34,7 +61,7 @@ def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dir
         assert row["timing/rollout.env"] > 0 and 0 < row["timing/train.backward_frac"] < 1
         assert "overview/reward" in row and "env/hearts_deposited" in row
     assert (run_dir / ".hydra" / "config.yaml").is_file()
-    assert "epoch     3" in (run_dir / "train.log").read_text()
+    assert "epoch     3 | steps 3.07k/3.07k" in (run_dir / "train.log").read_text()
 
     (run_file,) = find_runs(run_dir / "wandb")
     run = read_run(run_file)
@@ -44,6 +71,8 @@ def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dir
     assert all(h["overview/sps"] > 0 for h in history)
     assert run["config"]["policy"]["action_probs"]["emit_full_log_probs"] is False
     assert "loss:ppo" in list(run["run"].tags) and "deterministic:false" in list(run["run"].tags)
+    assert run["run"].display_name == f"{tmp_path.name}/run"  # no overrides but experiment=debug: the folder
+    assert run["exit_code"] == 0 and run["summary"]["summary/status"] == "finished"
 
 
 def test_bad_setting_exits_with_a_message_not_a_traceback(tmp_path):
@@ -54,9 +83,171 @@ def test_bad_setting_exits_with_a_message_not_a_traceback(tmp_path):
 
 
 def test_unknown_group_option_is_reported(tmp_path):
-    result = run_train(["policy=nope", f"hydra.run.dir={tmp_path}"])
-    assert result.returncode != 0
-    assert "Could not find 'policy/nope'" in result.stderr
+    result = run_train(["policy=nope", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2
+    assert "ConfigError: policy=nope: 'nope' is not an option of group policy; options: fast, vit" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+class Picky:
+    """Test-only target: refuses every value, as a constructor refuses a bad setting."""
+
+    def __init__(self, size: int):
+        raise ValueError(f"size={size} is too big")
+
+
+def test_a_constructor_error_is_reported_alone(caplog):
+    """Hydra wraps a constructor's ValueError in an InstantiationException; the message shows the constructor's
+    words and the config node, not Hydra's wrapper text."""
+    with caplog.at_level(logging.ERROR, "machina"), pytest.raises(SystemExit) as stop, report_errors():
+        instantiate({"model": {"part": {"_target_": f"{__name__}.Picky", "size": 7}}})
+    assert stop.value.code == 2
+    assert caplog.messages == ["ConfigError: size=7 is too big (building model.part)"]
+
+
+@pytest.fixture
+def hydra_run():
+    """``hydra_run(overrides, output_dir, mode)`` makes ``HydraConfig`` describe that run, as @hydra.main does;
+    the fixture clears it again (other tests run without Hydra)."""
+
+    def describe(overrides, output_dir, mode=RunMode.RUN):
+        cfg = compose_config(overrides, return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.mode = mode
+            cfg.hydra.runtime.output_dir = str(output_dir)
+            cfg.hydra.sweep.dir = "outputs/multirun/sweep"
+            cfg.hydra.job.num = 3
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    yield describe
+    HydraConfig.instance().cfg = None
+
+
+def test_the_resume_command_fixes_the_run_folder(hydra_run):
+    hydra_run(["trainer.gamma=0.9"], "/runs/2026-11-30/12-00-00")
+    argv = ["train.py", "losses=[ppo,supervisor]", "hydra.run.dir=elsewhere", "trainer.gamma=0.9"]
+    assert resume_command(argv) == (
+        "python train.py 'losses=[ppo,supervisor]' trainer.gamma=0.9 hydra.run.dir=/runs/2026-11-30/12-00-00"
+    )
+    hydra_run(["trainer.gamma=0.9"], "/runs/sweep/0_x", RunMode.MULTIRUN)
+    sweep = os.path.abspath("outputs/multirun/sweep")
+    assert resume_command(["train.py", "-m", "trainer.gamma=0.9,0.99"]) == (
+        f"python train.py -m trainer.gamma=0.9,0.99 hydra.sweep.dir={sweep}"
+    )
+
+
+def test_wandb_names_tell_runs_apart(hydra_run):
+    cfg = hydra_run([], "/runs/2026-11-30/12-00-00")
+    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-00"  # not "default"
+    cfg = hydra_run(["trainer.gamma=0.9"], "/runs/2026-11-30/12-00-01")
+    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:trainer.gamma=0.9"
+    cfg = hydra_run(["trainer.gamma=0.9"], "/runs/sweep/3_trainer.gamma=0.9", RunMode.MULTIRUN)
+    assert wandb_identity(cfg) | {"tags": None} == wandb_identity(cfg) | {
+        "name": "3:trainer.gamma=0.9",
+        "group": "sweep",
+        "tags": None,
+    }
+
+
+def test_the_summary_sps_is_agent_steps_over_training_time():
+    history = [
+        {"metric/agent_step": 1000, "overview/sps": 1000.0, "overview/reward": float("nan")},
+        {"metric/agent_step": 2000, "overview/sps": 100.0, "overview/reward": 0.5},  # a slow epoch: 10 s
+        {"metric/agent_step": 3000, "overview/sps": 1000.0, "overview/reward": 0.25},
+    ]
+    summary = summarize(history)
+    assert summary["summary/wall_time"] == pytest.approx(12.0)
+    assert summary["summary/sps_mean"] == pytest.approx(3000 / 12)  # the mean of the epoch rates would be 700
+    assert summary["summary/sps_max"] == 1000.0 and summary["summary/agent_steps"] == 3000
+    assert (summary["summary/final_reward"], summary["summary/best_reward"]) == (0.25, 0.5)
+    assert summarize([])["summary/agent_steps"] == 0  # stopped before its first epoch
+
+
+def test_the_progress_line_counts_to_the_last_whole_epoch(caplog):
+    sink = ConsoleSink(total_timesteps=2500)
+    with caplog.at_level(logging.INFO, "machina.logging.sinks"):
+        for epoch in (1, 2):
+            step = 1024 * epoch
+            sink.log(
+                {
+                    "metric/agent_step": step,
+                    "metric/epoch": epoch,
+                    "overview/sps": 512.0,
+                    "overview/sps_cumulative": 512.0,
+                    "overview/reward": float("nan"),
+                }
+            )
+    note, first, second = caplog.messages
+    assert (
+        note
+        == "runs stop at whole epochs of 1,024 agent steps: this one stops at 3,072 (trainer.total_timesteps=2,500)"
+    )
+    assert "steps 1.02k/3.07k" in first and "eta 0m04s" in first
+    assert "steps 2.05k/3.07k" in second and "eta 0m02s" in second
+
+
+def test_an_interrupted_run_is_not_finished_in_wandb(tmp_path, wandb_dirs, monkeypatch):
+    """Ctrl-C in epoch 1: W&B's exit code is 130, the run is marked preempting (resumable), and the summary says
+    what was reached; the logged config shows the run's group."""
+    step, calls = Machina1Env.step, []
+
+    def step_and_interrupt(self, actions):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, actions)
+
+    monkeypatch.setattr(Machina1Env, "step", step_and_interrupt)
+    cfg = compose_config([*TINY, "wandb.group=ablation"])
+    with pytest.raises(SystemExit) as stop, report_errors():
+        train(cfg, tmp_path)
+    assert stop.value.code == 130
+    wandb.teardown()  # the W&B service writes the run's last records when it stops (a process exit stops it)
+    (run_file,) = find_runs(tmp_path / "wandb")
+    run = read_run(run_file)
+    assert run["exit_code"] == 130 and "preempting" in run["kinds"]
+    assert run["summary"]["summary/status"] == "interrupted" and run["summary"]["summary/agent_steps"] == 1024
+    assert run["config"]["wandb"]["group"] == "ablation"
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_the_command_that_resumes_into_the_same_wandb_run(tmp_path, wandb_dirs):
+    """A real Ctrl-C (SIGINT) of `python train.py`: exit 130, a resume command with this run's folder; running that
+    command continues the run (the next epochs, the same W&B run id)."""
+    run_dir = tmp_path / "outputs" / "first"
+    args = [*TINY, "trainer.total_timesteps=1000000", "trainer.checkpoint_interval=0"]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, output[-3000:]
+    command = re.search(r"to resume: (.*)", output).group(1)
+    assert command.startswith("python ") and command.endswith(f"hydra.run.dir={run_dir}")
+    stopped_at = len((run_dir / "metrics.jsonl").read_text().splitlines())
+
+    _, *args = shlex.split(command)
+    resumed = subprocess.run(
+        [sys.executable, *args, f"trainer.total_timesteps={1024 * (stopped_at + 1)}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["metric/epoch"] for r in rows] == list(range(1, stopped_at + 2))
+    first, second = (read_run(f)["run"] for f in find_runs(run_dir / "wandb"))
+    assert first.run_id == second.run_id
 
 
 def make_trainer(overrides) -> Trainer:

@@ -42,18 +42,34 @@ def records(path: Path):
 
 
 def read_run(path: Path) -> dict:
-    """Return {"run": RunRecord, "history": [dict], "config": {key: value}} for one ``.wandb`` file."""
-    run, history = None, []
+    """Return {"run": RunRecord, "history": [dict], "config": {key: value}, "summary": {key: value}, "exit_code":
+    int or None (no exit record: the process died), "kinds": [record type, ...]} for one ``.wandb`` file. The summary
+    is the summary records' updates applied in order."""
+    run, history, summary, exit_code, kinds = None, [], {}, None, []
     for record in records(path):
         kind = record.WhichOneof("record_type")
+        kinds.append(kind)
         if kind == "run":
             run = record.run
         elif kind == "history":
-            history.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            )
+            history.append(items(record.history.item))
+        elif kind == "summary":
+            summary.update(items(record.summary.update))
+        elif kind == "exit":
+            exit_code = record.exit.exit_code
     config = {item.key: json.loads(item.value_json) for item in run.config.update} if run else {}
-    return {"run": run, "history": history, "config": config}
+    return {
+        "run": run,
+        "history": history,
+        "config": config,
+        "summary": summary,
+        "exit_code": exit_code,
+        "kinds": kinds,
+    }
+
+
+def items(entries) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in entries}
 
 
 def find_runs(directory: Path) -> list[Path]:

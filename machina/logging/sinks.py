@@ -8,8 +8,11 @@ import json
 import logging
 import math
 import os
+import signal
 from pathlib import Path
 from typing import Any
+
+from machina.errors import ConfigError, Interrupted, TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -33,27 +36,47 @@ class JsonlSink:
 
 
 class ConsoleSink:
-    """One compact progress line per epoch: epoch, agent steps, SPS, reward and ETA."""
+    """One compact progress line per epoch: epoch, agent steps of the run's end, SPS, reward and ETA.
+
+    A run stops at the end of an epoch, so it ends at ``total_timesteps`` rounded up to whole epochs; the progress
+    line counts towards that end, and the first line says so when the rounding changes it.
+    """
 
     def __init__(self, total_timesteps: int):
         self.total_timesteps = total_timesteps
+        self.end: int | None = None
 
     def log(self, metrics: dict[str, float]) -> None:
-        step = metrics["metric/agent_step"]
+        step, epoch = metrics["metric/agent_step"], metrics["metric/epoch"]
+        if self.end is None:
+            self.end = self._whole_epochs(int(step), int(epoch))
         sps = metrics["overview/sps"]
         cumulative = metrics["overview/sps_cumulative"]
-        eta = max(self.total_timesteps - step, 0) / cumulative if cumulative > 0 else float("inf")
+        eta = max(self.end - step, 0) / cumulative if cumulative > 0 else float("inf")
         reward = metrics.get("overview/reward")
         reward_text = f"{reward:8.3f}" if reward is not None and math.isfinite(reward) else "       -"
         log.info(
             "epoch %5d | steps %s/%s | sps %s | reward %s | eta %s",
-            metrics["metric/epoch"],
+            epoch,
             human(step),
-            human(self.total_timesteps),
+            human(self.end),
             human(sps),
             reward_text,
             duration(eta),
         )
+
+    def _whole_epochs(self, step: int, epoch: int) -> int:
+        """The agent step at which the run stops: the first whole epoch at or past ``total_timesteps``."""
+        per_epoch = step // epoch
+        end = -(-self.total_timesteps // per_epoch) * per_epoch
+        if end != self.total_timesteps:
+            log.info(
+                "runs stop at whole epochs of %s agent steps: this one stops at %s (trainer.total_timesteps=%s)",
+                f"{per_epoch:,}",
+                f"{end:,}",
+                f"{self.total_timesteps:,}",
+            )
+        return end
 
     def close(self) -> None:
         pass
@@ -62,8 +85,11 @@ class ConsoleSink:
 class WandbSink:
     """A W&B run: offline by default (no key, no network; ``wandb sync`` uploads later), online on request.
 
-    ``metric/agent_step`` is the x axis of every metric. Failures at init or log time are logged and turn the
-    sink off; training goes on.
+    ``metric/agent_step`` is the x axis of every metric. The logged config shows the group the run is in
+    (``wandb.group`` is null in the config when the group comes from the sweep folder). A run that ends with an
+    error is not marked finished (``stop``). ``run_id`` continues that run (a resume): offline, the resumed part is
+    a second ``offline-run-*`` folder with the same id, and ``wandb sync`` uploads both into the one run. Failures
+    at init or log time are logged and turn the sink off; training goes on.
     """
 
     def __init__(
@@ -83,6 +109,8 @@ class WandbSink:
         self.run_id = run_id
         if mode == "disabled":
             return
+        if isinstance(config.get("wandb"), dict):
+            config = {**config, "wandb": {**config["wandb"], "group": group}}
         try:
             import wandb
 
@@ -129,13 +157,33 @@ class WandbSink:
         except Exception as err:  # noqa: BLE001
             log.warning("W&B media log failed (%s)", err)
 
-    def summarize(self, summary: dict[str, float]) -> None:
+    def summarize(self, summary: dict[str, float], status: str = "finished") -> None:
+        """Write the run summary (``machina.training.trainer.summarize``) and ``summary/status``."""
         if self.run is None:
             return
         try:
-            self.run.summary.update(summary)
+            self.run.summary.update({**summary, "summary/status": status})
         except Exception as err:  # noqa: BLE001
             log.warning("W&B summary failed (%s)", err)
+
+    def stop(self, error: BaseException, summary: dict[str, float]) -> None:
+        """End the run as stopped by ``error``, with the summary of what it reached. A stop by a signal
+        (``Interrupted``: it can be resumed) is marked preempting and exits 128 + the signal number, as the process
+        does; a clean stop (a NaN loss, a bad setting) exits 2 and anything else 1: W&B shows the run as not
+        finished, and ``summary/status`` says interrupted, stopped or failed."""
+        if self.run is None:
+            return
+        interrupted = isinstance(error, Interrupted | KeyboardInterrupt)
+        stopped = isinstance(error, TrainingStopped | ConfigError)
+        self.summarize(summary, "interrupted" if interrupted else "stopped" if stopped else "failed")
+        try:
+            if interrupted:
+                self.run.mark_preempting()
+            signum = getattr(error, "signum", signal.SIGINT)
+            self.run.finish(exit_code=128 + signum if interrupted else 2 if stopped else 1)
+        except Exception as err:  # noqa: BLE001
+            log.warning("W&B finish failed (%s)", err)
+        self.run = None
 
     def close(self) -> None:
         if self.run is None:

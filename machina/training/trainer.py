@@ -176,7 +176,7 @@ class Trainer:
                     if signum and self.agent_step < self.total_timesteps:
                         raise Interrupted(
                             f"stopped by {signal.Signals(signum).name} after epoch {self.epoch}; "
-                            f"{self._kept()}; rerun the same command to resume",
+                            f"{self._kept()}; a start with the same run folder (hydra.run.dir) resumes from it",
                             signum,
                         )
                 if saved_epoch != self.epoch:
@@ -187,7 +187,7 @@ class Trainer:
                     f"{self._kept()}",
                     signal.SIGINT,
                 ) from None
-        return summarize(self.history, time.perf_counter() - start)
+        return summarize(self.history)
 
     def run_epoch(self) -> int:
         """One epoch (rollout, then update) without its metrics read; return the agent steps taken (all ranks).
@@ -337,15 +337,23 @@ def buffer_metrics(experience: Experience) -> dict[str, torch.Tensor]:
     return out
 
 
-def summarize(history: list[dict[str, float]], wall_time: float) -> dict[str, float]:
-    """Run summary for the W&B runs table and for sweepers: final/best reward, mean/max SPS, steps, wall time."""
+def summarize(history: list[dict[str, float]]) -> dict[str, float]:
+    """Run summary for the W&B runs table and for sweepers, from the per-epoch ``history`` (which spans resumes).
+
+    ``summary/wall_time`` is the training time: the sum of the epochs' wall times (each epoch's steps / its
+    ``overview/sps``; start-up and periodic evaluation are not in it). ``summary/sps_mean`` is agent steps / that
+    time, the run's throughput: not the mean of the per-epoch rates, which overstates it when epochs vary.
+    Also final and best ``overview/reward`` (NaN when no episode ended), the fastest epoch and the agent steps.
+    """
     rewards = [m["overview/reward"] for m in history if math.isfinite(m["overview/reward"])]
-    sps = [m["overview/sps"] for m in history]
+    steps = [m["metric/agent_step"] for m in history]
+    before = [0, *steps][:-1]
+    seconds = sum((s - b) / m["overview/sps"] for b, s, m in zip(before, steps, history, strict=True))
     return {
         "summary/final_reward": rewards[-1] if rewards else float("nan"),
         "summary/best_reward": max(rewards) if rewards else float("nan"),
-        "summary/sps_mean": sum(sps) / len(sps) if sps else 0.0,
-        "summary/sps_max": max(sps) if sps else 0.0,
-        "summary/agent_steps": history[-1]["metric/agent_step"] if history else 0,
-        "summary/wall_time": wall_time,
+        "summary/sps_mean": steps[-1] / seconds if history else 0.0,
+        "summary/sps_max": max(m["overview/sps"] for m in history) if history else 0.0,
+        "summary/agent_steps": steps[-1] if history else 0,
+        "summary/wall_time": seconds,
     }
