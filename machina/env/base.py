@@ -60,5 +60,6 @@ class Env:
         default."""
 
     def render(self, env_index: int = 0) -> np.ndarray:
-        """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays."""
+        """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays (an env may take drawing options as
+        keyword arguments, e.g. machina_1's ``cell`` size)."""
         raise NotImplementedError(f"{type(self).__name__} cannot render frames, so it has no replays")

@@ -102,9 +102,10 @@ class Machina1Env(Env):
         actions = ("noop", "move_north", "move_east", "move_south", "move_west")
         actions += tuple(f"vibe_{v}" for v in range(num_vibes))
         self.num_actions = len(actions)
-        # The episode_progress token tells the policy how far the episode is: a time-limit end is observed.
+        # The episode_progress token tells the policy how far the episode is: a time-limit end is observed. The
+        # scripted teacher is there whether or not this env was asked to compute it (``teacher``).
         obs_spec = ObsSpec(max_tokens, WINDOW, names, norms)
-        self.spec = EnvSpec(e, a, self.num_actions, obs_spec, actions, teacher, observes_time=True)
+        self.spec = EnvSpec(e, a, self.num_actions, obs_spec, actions, provides_teacher=True, observes_time=True)
 
         self.generator = torch.Generator(dev)
         self.generator.manual_seed(seed)
@@ -273,12 +274,12 @@ class Machina1Env(Env):
         self.generator.set_state(d["rng_state"])
         self.steps_since_refill = int(d["steps_since_refill"])
 
-    def render(self, env_index: int = 0) -> np.ndarray:
-        """The replay frame of env ``env_index``: the map with a header (step, return and hearts so far) and a
-        legend (see ``frame.py``), uint8 RGB [H, W, 3]."""
-        from machina.env.frame import draw_frame
+    def render(self, env_index: int = 0, cell: int = 24) -> np.ndarray:
+        """The replay frame of env ``env_index``: the map (``cell`` pixels per map cell) with a header (step, return
+        and hearts so far) and a legend (see ``frame.py``), uint8 RGB [H, W, 3]."""
+        from machina.env.frame import draw_frame  # PIL is imported only where frames are drawn
 
-        return draw_frame(self, env_index)
+        return draw_frame(self, env_index, cell)
 
     def episode_so_far(self, env_index: int) -> dict[str, float]:
         """This episode's stats of env ``env_index`` up to now (names of ``episode_stats``), read on the host."""
