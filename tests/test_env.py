@@ -1,6 +1,4 @@
-"""Machina1Env step semantics on hand-made maps, auto-reset and stats, determinism, errors, state_dict.
-
-A step's outputs are the env's buffers, valid until the next call: tests that keep several steps clone them."""
+"""Machina1Env step semantics on hand-made maps, auto-reset and stats, determinism, errors, state_dict."""
 
 import math
 from pathlib import Path
@@ -92,7 +90,7 @@ def test_truncation_resets_in_place_and_accumulates_stats():
     rows = ["#######", "#0=...#", "#.....#", "#1.2.3#", "#######"]
     env = hand_env(rows, num_envs=2, max_steps=3, obstacle_density=0.2, extractors_per_resource=1, resource_reward=0.1)
     env.state["inv"][0, 0, HEART] = 2
-    outs = [env.step(actions(env, {0: EAST})).clone()] + [env.step(actions(env, {})).clone() for _ in range(2)]
+    outs = [env.step(actions(env, {0: EAST}))] + [env.step(actions(env, {})) for _ in range(2)]
     assert [bool(o[keys.TRUNCATED].any()) for o in outs] == [False, False, True]
     assert outs[-1][keys.TRUNCATED].all() and not outs[-1][keys.TERMINATED].any()
     # The returned observation already belongs to the new episode: a fresh random layout at step 0.
@@ -117,7 +115,7 @@ def test_first_episodes_are_staggered_and_resets_per_step_are_bounded():
     ends = []
     for _ in range(40):
         td = env.step(torch.zeros(env.num_agents, dtype=torch.int64))
-        ends.append(td[keys.TRUNCATED].view(64, 4)[:, 0].clone())
+        ends.append(td[keys.TRUNCATED].view(64, 4)[:, 0])
     ends = torch.stack(ends)  # [40, 64]
     first = ends.float().argmax(0) + 1  # step at which each env's first episode ended
     assert ends[:20].sum(0).tolist() == [1] * 64  # one end per env within the first max_steps steps
@@ -146,9 +144,9 @@ def test_reset_path_resets_exactly_the_ended_envs():
 
 def random_rollout(env, steps, seed=123):
     g = torch.Generator().manual_seed(seed)
-    obs = [env.reset()[keys.OBS].clone()]
+    obs = [env.reset()[keys.OBS]]
     for _ in range(steps):
-        obs.append(env.step(torch.randint(0, env.num_actions, (env.num_agents,), generator=g))[keys.OBS].clone())
+        obs.append(env.step(torch.randint(0, env.num_actions, (env.num_agents,), generator=g))[keys.OBS])
     return torch.stack(obs)
 
 
@@ -189,7 +187,7 @@ def test_state_dict_round_trip_resumes_identically(tmp_path):
     for a in acts[:10]:
         env.step(a)
     torch.save(env.state_dict(), tmp_path / "env.pt")
-    expected = [env.step(a).clone() for a in acts[10:]]
+    expected = [env.step(a) for a in acts[10:]]
     resumed = Machina1Env(num_envs=6, max_steps=15, seed=99)
     resumed.load_state_dict(torch.load(tmp_path / "env.pt", weights_only=True))
     for a, want in zip(acts[10:], expected, strict=True):
@@ -254,7 +252,7 @@ def test_without_stagger_every_env_plays_whole_episodes_and_last_episodes_holds_
     returns = torch.zeros(5)
     for step in range(12):
         assert env.last_episodes()["episodes"].tolist() == [0.0] * 5
-        td = env.step(env.observe()[keys.TEACHER_ACTIONS].clone())
+        td = env.step(env.observe()[keys.TEACHER_ACTIONS])
         returns += td[keys.REWARDS].view(5, 4).sum(1)
         assert td[keys.TRUNCATED].all() == (step == 11)
     last = env.last_episodes()
@@ -296,7 +294,7 @@ def test_max_tokens_at_the_minimum_keeps_every_uncut_token():
     env = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=18, extractor_cooldown=50, seed=1)
     big = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=200, extractor_cooldown=50, seed=1)
     for _ in range(30):
-        a = env.observe()[keys.TEACHER_ACTIONS].clone()
+        a = env.observe()[keys.TEACHER_ACTIONS]
         small, full = env.step(a)[keys.OBS], big.step(a)[keys.OBS]
         assert torch.equal(small, full[:, :18])
     with pytest.raises(ConfigError, match="set env.max_tokens >= 18"):
@@ -304,9 +302,9 @@ def test_max_tokens_at_the_minimum_keeps_every_uncut_token():
 
 
 def play(env, steps, seed=0):
-    """Outputs of ``steps`` random steps (cloned), then the episode stats."""
+    """Outputs of ``steps`` random steps, then the episode stats."""
     g = torch.Generator().manual_seed(seed)
-    outs = [env.step(torch.randint(0, env.num_actions, (env.num_agents,), generator=g)).clone() for _ in range(steps)]
+    outs = [env.step(torch.randint(0, env.num_actions, (env.num_agents,), generator=g)) for _ in range(steps)]
     return outs, env.episode_stats()
 
 

@@ -61,8 +61,9 @@ class Machina1Env(Env):
     counter of the episode, ``ep`` [E, 5] this episode's counts (``Episodes.COUNTS``) and, with the teacher,
     ``dist`` int16 [E, P, 8] distance fields (teacher.py).
 
-    Tensors returned by ``step``, ``reset`` and ``observe`` are buffers that the next call overwrites: copy what
-    must outlive it (the trainer copies every step into its experience buffer before the next step).
+    Every step writes into buffers allocated once; ``step``, ``reset`` and ``observe`` return copies of them, which
+    the caller owns (losses keep a step across the next one, so handing out the buffers themselves would let the
+    next step change what they hold).
     """
 
     def __init__(
@@ -177,7 +178,6 @@ class Machina1Env(Env):
         [N, M, 3], REWARDS float32 [N], TERMINATED bool [N] (always False), TRUNCATED bool [N], and TEACHER_ACTIONS
         int64 [N] when teacher=True. For envs whose episode ended at this step, REWARDS / TRUNCATED describe the
         step that just finished while OBS (and TEACHER_ACTIONS) already belong to the first step of the new episode.
-        The tensors are the env's buffers: valid until the next call.
         """
         s, w = self.state, self.work
         act = self._check_actions(actions)
@@ -359,11 +359,12 @@ class Machina1Env(Env):
         self.pool.reset_ended(self.rows, w.done_i, w.done1)
 
     def _output(self, rewards: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
+        """The step's TensorDict: copies of the output buffers (see the class docstring)."""
         out = {keys.OBS: self.encoder.encode(), keys.REWARDS: rewards, keys.TERMINATED: self.never}
         out[keys.TRUNCATED] = truncated
         if self.teacher:
             out[keys.TEACHER_ACTIONS] = self.teacher_policy.actions()
-        return TensorDict(out, batch_size=[self.num_agents], device=self.device)
+        return TensorDict({k: v.clone() for k, v in out.items()}, batch_size=[self.num_agents], device=self.device)
 
     def _stats(self, counts: torch.Tensor) -> dict[str, torch.Tensor]:
         """float32 [K] per stat name from episode counts int64 [K, 5] (``Episodes.COUNTS``); ``return`` is the
