@@ -23,10 +23,20 @@ With ``stagger`` (training) each env starts its first episode at a random step c
 a random permutation modulo max_steps, so first-episode lengths lie in [1, max_steps] and at most
 ceil(num_envs / max_steps) envs end on any one step; without it (evaluation) every env starts at step 0.
 
-How a step stays cheap and capturable in a CUDA graph (fixed shapes, no host read, no random draw): every env's
-state is one int64 row (``rows.py``), and ended envs are reset by copying rows from a pool of fresh episodes
-(``pool.py``) that ``prepare_rollout`` refills between rollouts. Randomness comes only from one ``torch.Generator``
-seeded from ``seed`` on ``device``, used by ``reset`` and ``prepare_rollout``, never by ``step``.
+How a step stays cheap (about 130 aten ops at any num_envs) and capturable in a CUDA graph: every env's state is
+one int64 row (``rows.py``), ended envs are reset by copying rows from a pool of fresh episodes (``pool.py``) that
+``prepare_rollout`` refills between rollouts, observations and the teacher are table lookups into buffers allocated
+once (``tokens.py``, ``teacher.py``), and nothing is read back to the host. Randomness comes only from one
+``torch.Generator`` seeded from ``seed`` on ``device``, used by ``reset`` and ``prepare_rollout``, never by ``step``.
+
+Capturing ``step`` in a CUDA graph (``torch.cuda.graph``, after a few warm-up steps on a side stream as for any
+capture): shapes and buffers are fixed and no host sync happens, so the capture succeeds; the step draws no random
+numbers, so the env's generator needs no ``CUDAGraph.register_generator_state`` (a random draw added to ``step``
+from ``self.generator``, a CUDA generator of its own, would need ``graph.register_generator_state(env.generator)``
+before the capture, or every replay would repeat the captured draws). ``reset`` and ``prepare_rollout`` stay outside
+the graph. A replay skips the step's Python side effects: pass the number of replayed steps to
+``prepare_rollout(steps)``. The returned copies become the graph's static outputs, which every replay overwrites.
+Invalid action ids trip an asynchronous device-side assert, inside a graph too.
 """
 
 import sys
@@ -42,6 +52,7 @@ from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, HEART, NUM_RESO
 from machina.env.machina_1_settings import check_settings
 from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
+from machina.env.step_buffers import StepBuffers
 from machina.env.teacher import Teacher
 from machina.env.tokens import TokenEncoder
 
@@ -315,7 +326,7 @@ class Machina1Env(Env):
         self.episode_events = self.state["ep"][:, Episodes.COUNTS.index("hearts_made") :]
 
     def _buffers(self) -> None:
-        """Step outputs and scratch, allocated once: a step allocates nothing and keeps every shape."""
+        """Output buffers and step scratch, allocated once: a step keeps every shape."""
         e, a, dev = self.num_envs, self.agents_per_env, self.device
         n = e * a
         self.rewards = torch.zeros(n, device=dev)
@@ -323,7 +334,7 @@ class Machina1Env(Env):
         self.truncated = torch.zeros(n, dtype=torch.bool, device=dev)
         self.never = torch.zeros(n, dtype=torch.bool, device=dev)  # TERMINATED: episodes end by time only
         self.rewards_ea, self.truncated_ea = self.rewards.view(e, a), self.truncated.view(e, a)
-        self.work = Work(e, a, dev)
+        self.work = StepBuffers(e, a, dev)
 
     def _check_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """int64 [E, A] actions; a ValueError for a wrong type or shape, an asynchronous assert for ids out of range."""
@@ -375,34 +386,3 @@ class Machina1Env(Env):
         per_agent = heart * c["hearts_deposited"]
         per_agent = per_agent + (made * c["hearts_made"] + resource * c["resources_gathered"]) / self.agents_per_env
         return {name: (per_agent if name == "return" else c[name]).float() for name in STAT_NAMES}
-
-
-class Work:
-    """Scratch tensors of one step for E envs x A agents (int64 unless said), allocated once, with the views the
-    step reads them through made once too (a view made per step is one more op per step)."""
-
-    def __init__(self, e: int, a: int, dev: torch.device):
-        def ints(*shape: int, dtype=torch.int64) -> torch.Tensor:
-            return torch.empty(*shape, dtype=dtype, device=dev)
-
-        self.check, self.delta, self.kind, self.walk, self.free = (ints(e, a) for _ in range(5))
-        self.claims = ints(e, 2 * a)  # this step's targets, then the cells the agents start the step on
-        self.target, self.start = self.claims[:, :a], self.claims[:, a:]
-        self.target3, self.claims3 = self.target.view(e, a, 1), self.claims.view(e, 1, 2 * a)
-        self.clash = ints(e, a, 2 * a)
-        self.slot, self.resource, self.cool, self.has_all = (ints(e, a) for _ in range(4))
-        self.resource3 = self.resource.view(e, a, 1)
-        self.room3 = ints(e, a, 1)
-        self.room = self.room3.view(e, a)
-        # What each agent did this step, and per env: hearts made, hearts deposited, resources gathered.
-        self.events = ints(e, a, 3)
-        self.craft, self.deposit, self.gain = self.events.unbind(2)
-        self.craft3, self.gain3 = self.craft.unsqueeze(2), self.gain.unsqueeze(2)
-        self.env_events = ints(e, 3)
-        self.env_deposited = self.env_events[:, 1:2]
-        self.reward_index = ints(e, a)
-        self.done = ints(e, dtype=torch.bool)
-        self.done1, self.done_ea = self.done.view(e, 1), self.done.view(e, 1).expand(e, a)
-        self.done_i = ints(e)
-        self.done_i1 = self.done_i.view(e, 1)
-        self.ended = ints(e, 5)
