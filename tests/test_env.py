@@ -342,7 +342,7 @@ def test_state_dict_holds_what_resume_needs_not_derived_fields():
 
 def test_ended_envs_restart_from_the_pool_in_ring_order_and_the_step_draws_no_random_numbers():
     env = Machina1Env(num_envs=8, max_steps=4, teacher=False, seed=6)
-    grids = env.pool.rows[:, env.episodes.format.span("grid", "grid")].clone()
+    grids = env.episodes.views(env.pool.rows)["grid"].clone()
     rng = env.generator.get_state()
     taken = []
     for _ in range(4):
@@ -355,7 +355,7 @@ def test_ended_envs_restart_from_the_pool_in_ring_order_and_the_step_draws_no_ra
     for row, (_, grid) in enumerate(taken):
         assert torch.equal(grid, grids[row])
     env.prepare_rollout()  # refills the rows the last 4 steps could take: capacity 2 x 4 steps = all 8
-    assert not torch.equal(env.pool.rows[:, env.episodes.format.span("grid", "grid")], grids)
+    assert not torch.equal(env.episodes.views(env.pool.rows)["grid"], grids)
 
 
 def test_a_rollout_longer_than_the_pool_reuses_its_rows_deterministically():
@@ -370,7 +370,7 @@ def test_a_rollout_longer_than_the_pool_reuses_its_rows_deterministically():
     env, first = run()
     _, second = run()
     assert torch.equal(first, second)
-    pool = env.pool.rows[:, env.episodes.format.span("grid", "grid")]
+    pool = env.episodes.views(env.pool.rows)["grid"]
     assert all(any(torch.equal(g, p) for p in pool) for g in first[-1])  # every env plays one of the pool's maps
 
 

@@ -57,7 +57,7 @@ def test_a_step_builds_no_tensor_from_python_data(teacher, monkeypatch):
 def test_every_step_keeps_its_shapes_and_buffers_hands_out_copies_and_draws_no_random_numbers(teacher):
     env = Machina1Env(num_envs=6, max_steps=5, teacher=teacher)
     rng = env.generator.get_state()
-    buffers = [env.rows, env.encoder.obs, env.rewards, env.truncated]
+    buffers = [*env.rows.values(), env.encoder.candidates, env.rewards, env.truncated]
     where = [b.data_ptr() for b in buffers]
     first, kept = None, []
     with warnings.catch_warnings():

@@ -28,7 +28,13 @@ from machina.env.tokens import type_tokens
 
 
 class Episodes:
-    """The row format of one env's state, and fresh episodes (step 0, empty inventories) in that format.
+    """The layout of one env's state, and fresh episodes (step 0, empty inventories) in that layout.
+
+    An env's state is one row in each of two blocks (``rows.py``): ``episode`` (the agents, the extractors' cells and
+    cooldowns, the step counter, this episode's counts: about 50 numbers) and ``map`` (per cell: the object type,
+    its type token, its extractor slot and, with the teacher, the distance fields). Apart, the small fields of all
+    envs sit together in memory, which every step reads many times; the maps are read once per step.
+    A ``Rows`` value maps each block's name to its int64 [K, width] tensor.
 
     ``COUNTS``: columns of the ``ep`` field, this episode's counts. ``episodes`` is always 1 (the episode itself),
     so that summing the ``ep`` rows of ended envs counts them too.
@@ -48,29 +54,36 @@ class Episodes:
         self.geom, self.sampler, self.max_steps, self.teacher = geom, sampler, max_steps, teacher
         self.generator = generator
         p, a, x = geom.cells, sampler.agents, sampler.num_extractors
-        fields = {"grid": (p,), "type_tokens": (p,), "ext_of_cell": (p,), "ext_pos": (x,), "pos": (a,)}
-        fields |= {"inv": (a, INVENTORY_SLOTS)}
-        fields |= {"vibe": (a,), "cooldown": (x + 1,), "t": (), "ep": (len(self.COUNTS),)}
+        episode = {"ext_pos": (x,), "pos": (a,), "inv": (a, INVENTORY_SLOTS), "vibe": (a,), "cooldown": (x + 1,)}
+        episode |= {"t": (), "ep": (len(self.COUNTS),)}
+        # The type tokens are int32, two per int64 word: half the memory that every step reads the windows from.
+        board = {"type_token_words": ((p + 1) // 2,), "grid": (p,), "ext_of_cell": (p,)}
         if teacher:
-            fields["dist_words"] = (p * GOAL_SLOTS // 4,)  # int16 [cells, GOAL_SLOTS] as int64 words
-        self.format = RowFormat(fields)
-        start = self.format.start["t"]
-        assert self.COUNTS[0] == "length" and self.format.start["ep"] == start + 1
+            board["dist_words"] = (p * GOAL_SLOTS // 4,)  # int16 [cells, GOAL_SLOTS] as int64 words
+        self.formats = {"episode": RowFormat(episode), "map": RowFormat(board)}
+        start = self.formats["episode"].start["t"]
+        assert self.COUNTS[0] == "length" and self.formats["episode"].start["ep"] == start + 1
         self.clock = slice(start, start + 2)  # the step counter and the episode's length, side by side
         self.map_cells = geom.map_cells(sampler.interior.device)
         self.sweeps = 2 * (geom.height + geom.width)  # paths longer than this count as unreachable for the teacher
 
-    def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Named views of ``rows`` (``RowFormat.views``); with the teacher also ``dist`` int16 [K, cells, 8]."""
-        views = self.format.views(rows)
+    def empty(self, count: int) -> dict[str, torch.Tensor]:
+        """Rows of ``count`` envs, zero."""
+        device = self.map_cells.device
+        return {b: torch.zeros(count, f.width, dtype=torch.int64, device=device) for b, f in self.formats.items()}
+
+    def views(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named views of ``rows`` (``RowFormat.views``), plus ``type_tokens`` int32 [K, cells] and, with the teacher,
+        ``dist`` int16 [K, cells, 8]."""
+        views = {name: v for block, f in self.formats.items() for name, v in f.views(rows[block]).items()}
+        views["type_tokens"] = views["type_token_words"].view(torch.int32)[:, : self.geom.cells]
         if self.teacher:
-            views["dist"] = views["dist_words"].view(torch.int16).view(rows.shape[0], self.geom.cells, GOAL_SLOTS)
+            views["dist"] = views["dist_words"].view(torch.int16).view(-1, self.geom.cells, GOAL_SLOTS)
         return views
 
-    def fresh(self, lay: layouts.Layout) -> torch.Tensor:
-        """int64 [K, width]: the first state of an episode on each of K layouts."""
-        k = lay.grid.shape[0]
-        rows = torch.zeros(k, self.format.width, dtype=torch.int64, device=lay.grid.device)
+    def fresh(self, lay: layouts.Layout) -> dict[str, torch.Tensor]:
+        """The first state of an episode on each of K layouts."""
+        rows = self.empty(lay.grid.shape[0])
         v = self.views(rows)
         v["grid"].copy_(lay.grid)
         v["type_tokens"].copy_(type_tokens(lay.grid))
@@ -84,7 +97,7 @@ class Episodes:
             v["dist"][:, self.map_cells] = distance_fields(lay.grid[:, self.map_cells], self.geom.cols, self.sweeps)
         return rows
 
-    def save(self, rows: torch.Tensor, prefix: str = "", dynamic: bool = True) -> dict[str, torch.Tensor]:
+    def save(self, rows: dict[str, torch.Tensor], prefix: str = "", dynamic: bool = True) -> dict[str, torch.Tensor]:
         """What resume needs of ``rows``: the bordered maps' object types (uint8), the extractors' cells and, with
         ``dynamic``, the fields that change within an episode (else only the agents' start cells)."""
         v = self.views(rows)
@@ -93,11 +106,14 @@ class Episodes:
         saved |= {k: v[k].clone() for k in (self.DYNAMIC if dynamic else ("pos",))}
         return {prefix + k: value for k, value in saved.items()}
 
-    def load(self, d: dict[str, torch.Tensor], count: int, prefix: str = "", dynamic: bool = True) -> torch.Tensor:
-        """``count`` rows rebuilt from ``save``'s entries in ``d`` (derived fields recomputed); a ValueError names a
-        missing or misshapen entry."""
+    def load(
+        self, d: dict[str, torch.Tensor], count: int, prefix: str = "", dynamic: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """``count`` envs' rows rebuilt from ``save``'s entries in ``d`` (derived fields recomputed); a ValueError
+        names a missing or misshapen entry."""
+        fields = self.formats["episode"].fields
         expected = {"map": (count, self.geom.rows, self.geom.cols)}
-        expected |= {k: (count, *self.format.fields[k]) for k in ("ext_pos", *(self.DYNAMIC if dynamic else ("pos",)))}
+        expected |= {k: (count, *fields[k]) for k in ("ext_pos", *(self.DYNAMIC if dynamic else ("pos",)))}
         for name, shape in expected.items():
             if prefix + name not in d or tuple(d[prefix + name].shape) != shape:
                 raise ValueError(f"state_dict entry {prefix + name!r} is missing or has the wrong shape {shape}")
@@ -117,14 +133,14 @@ class EpisodePool:
     """``size`` fresh episodes taken in ring order; see the module docstring.
 
     ``capacity``: the most envs that can end on one step (ceil(num_envs / max_steps) with staggered starts,
-    num_envs otherwise). Below num_envs, ``reset_ended`` copies exactly ``capacity`` rows each step (the ended envs
-    and, to keep the shape fixed, others that copy their own row back); at num_envs it selects over all rows.
+    num_envs otherwise). Below num_envs, ``reset_ended`` copies exactly ``capacity`` rows per block each step (the
+    ended envs and, to keep the shape fixed, others that copy their own row back); at num_envs it selects over all.
     """
 
     def __init__(self, episodes: Episodes, size: int, num_envs: int):
         self.episodes, self.size, self.num_envs = episodes, size, num_envs
+        self.rows = episodes.empty(size)
         dev = episodes.map_cells.device
-        self.rows = torch.zeros(size, episodes.format.width, dtype=torch.int64, device=dev)
         self.cursor = torch.full((1,), -1, dtype=torch.int64, device=dev)  # ring index of the row taken last
         self.rank, self.row = (torch.empty(num_envs, dtype=torch.int64, device=dev) for _ in range(2))
         self.ended_so_far = self.rank[num_envs - 1 :]
@@ -133,16 +149,20 @@ class EpisodePool:
     def set_capacity(self, capacity: int) -> None:
         """Allocate the fixed-size buffers of ``reset_ended`` for ``capacity`` envs ending per step."""
         self.capacity = k = min(capacity, self.num_envs)
-        dev, width = self.rows.device, self.rows.shape[1]
-        self.fresh = torch.empty(k, width, dtype=torch.int64, device=dev)
-        self.row_of_env = self.row.view(-1, 1).expand(self.num_envs, width)  # gather indices: whole rows
+        dev = self.cursor.device
+        self.fresh, self.current, self.pool_rows, self.env_rows = {}, {}, {}, {}
         if k < self.num_envs:
-            self.current = torch.empty_like(self.fresh)
             self.top, self.env, self.env_row = (torch.empty(k, dtype=torch.int64, device=dev) for _ in range(3))
             self.take = torch.empty(k, 1, dtype=torch.bool, device=dev)
             self.top1 = self.top.view(k, 1)
-            self.env_rows = self.env.view(k, 1).expand(k, width)
-            self.pool_rows = self.env_row.view(k, 1).expand(k, width)
+        for block, rows in self.rows.items():
+            width = rows.shape[1]
+            self.fresh[block] = torch.empty(k, width, dtype=torch.int64, device=dev)
+            # gather / scatter indices of whole rows
+            self.pool_rows[block] = (self.row if k == self.num_envs else self.env_row).view(k, 1).expand(k, width)
+            if k < self.num_envs:
+                self.current[block] = torch.empty_like(self.fresh[block])
+                self.env_rows[block] = self.env.view(k, 1).expand(k, width)
 
     def refill(self, steps: int | None = None) -> None:
         """Regenerate the rows that ``steps`` steps can take at most (every row when ``steps`` is None), from the
@@ -152,31 +172,34 @@ class EpisodePool:
             return
         episodes = self.episodes
         fresh = episodes.fresh(episodes.sampler.sample(count, episodes.generator))
-        if count == self.size:
-            self.rows.copy_(fresh)
-            return
-        ahead = (self.cursor + 1 + torch.arange(count, device=self.rows.device)) % self.size
-        self.rows.index_copy_(0, ahead, fresh)
+        ahead = (self.cursor + 1 + torch.arange(count, device=self.cursor.device)) % self.size
+        for block, rows in self.rows.items():
+            if count == self.size:
+                rows.copy_(fresh[block])
+            else:
+                rows.index_copy_(0, ahead, fresh[block])
 
-    def reset_ended(self, rows: torch.Tensor, done: torch.Tensor, done_col: torch.Tensor) -> None:
-        """Overwrite the rows of the ended envs with the next pool rows. done: int64 [E] 1 where an env ended;
-        done_col: bool [E, 1], the same."""
+    def reset_ended(self, rows: dict[str, torch.Tensor], done: torch.Tensor, done_col: torch.Tensor) -> None:
+        """Overwrite the rows of the ended envs with the next pool rows, one fixed-size gather per block.
+        done: int64 [E] 1 where an env ended; done_col: bool [E, 1], the same."""
         torch.cumsum(done, 0, out=self.rank)  # the k-th ended env (in env order) takes the k-th row after the cursor
         torch.add(self.rank, self.cursor, out=self.row).remainder_(self.size)
         self.cursor.add_(self.ended_so_far)
         if self.capacity == self.num_envs:
-            torch.gather(self.rows, 0, self.row_of_env, out=self.fresh)
-            torch.where(done_col, self.fresh, rows, out=rows)
+            for block, state in rows.items():
+                torch.gather(self.rows[block], 0, self.pool_rows[block], out=self.fresh[block])
+                torch.where(done_col, self.fresh[block], state, out=state)
             return
         torch._assert_async(self.ended_so_far <= self.capacity, "more envs ended in one step than the reset capacity")
         # The ended envs are among the `capacity` largest of `done`, whichever order topk returns them in.
         torch.topk(done, self.capacity, sorted=False, out=(self.top, self.env))
         torch.take(self.row, self.env, out=self.env_row)
-        torch.gather(self.rows, 0, self.pool_rows, out=self.fresh)
-        torch.gather(rows, 0, self.env_rows, out=self.current)
         torch.gt(self.top1, 0, out=self.take)
-        torch.where(self.take, self.fresh, self.current, out=self.fresh)
-        rows.scatter_(0, self.env_rows, self.fresh)
+        for block, state in rows.items():
+            fresh, current = self.fresh[block], self.current[block]
+            torch.gather(self.rows[block], 0, self.pool_rows[block], out=fresh)
+            torch.gather(state, 0, self.env_rows[block], out=current)
+            state.scatter_(0, self.env_rows[block], torch.where(self.take, fresh, current, out=fresh))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The pool's layouts (its derived fields are recomputed on load), the cursor and the capacity."""
@@ -187,6 +210,7 @@ class EpisodePool:
         for name in ("pool_cursor", "reset_capacity"):
             if name not in d:
                 raise ValueError(f"state_dict entry {name!r} is missing")
-        self.rows.copy_(self.episodes.load(d, self.size, prefix="pool_", dynamic=False))
+        for block, rows in self.episodes.load(d, self.size, prefix="pool_", dynamic=False).items():
+            self.rows[block].copy_(rows)
         self.cursor.copy_(d["pool_cursor"])
         self.set_capacity(int(d["reset_capacity"]))

@@ -1,9 +1,9 @@
-"""One int64 row per env holding all of its state, so that resetting an env is copying one row.
+"""Per-env state as int64 rows, so that resetting an env is copying rows.
 
-The machina_1 env keeps every per-env tensor (map, agents, episode counters, teacher distance fields) as a named
-slice of one ``int64 [E, width]`` tensor. Resetting ended envs from a pool of fresh rows is then a single
-fixed-size gather, whatever the state holds, and the named views stay valid as long as the rows tensor lives
-(every write goes into it in place).
+The machina_1 env keeps its per-env tensors (map, agents, episode counters, teacher distance fields) as named
+slices of ``int64 [E, width]`` tensors, one per block of fields (``pool.Episodes``). Resetting ended envs from a
+pool of fresh rows is then one fixed-size gather per block, whatever the state holds, and the named views stay
+valid as long as the rows tensors live (every write goes into them in place).
 """
 
 import math

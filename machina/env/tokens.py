@@ -64,19 +64,28 @@ def never_cut(agents: int, extractors: int) -> int:
 class TokenEncoder:
     """Writes ``uint8 [N, max_tokens, 3]`` observations of the env state into ``self.obs`` (see the module docstring).
 
-    Bound at construction to the env's state views (all int64, updated in place by the env): ``type_tokens``
-    [E, cells] the ``type_id`` token of every cell (``type_tokens()``), ``pos`` [E, A] agent cells, ``things``
-    [E, X + A] cells of the extractors then the agents, ``inv`` [E, A, 5], ``vibe`` [E, A], ``cooldown`` [E, X]
-    and ``t`` [E]. ``encode()`` returns ``self.obs``, which the next call overwrites.
+    Bound at construction to the env's state views (all int64, updated in place by the env): ``pos`` [E, A] agent
+    cells, ``things`` [E, X + A] cells of the extractors then the agents, ``inv`` [E, A, 5], ``vibe`` [E, A],
+    ``cooldown`` [E, X] and ``t`` [E]; and to ``rows``, the env's int64 [E, width] map rows, whose words from
+    ``type_tokens_column`` on hold the int32 ``type_id`` token of every cell (``type_tokens()``), two per word.
+    ``encode()`` returns a new observation tensor.
     """
 
-    def __init__(self, geom: Geometry, max_tokens: int, max_steps: int, state: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        geom: Geometry,
+        max_tokens: int,
+        max_steps: int,
+        state: dict[str, torch.Tensor],
+        rows: torch.Tensor,
+        type_tokens_column: int,
+    ):
         pos, inv, cooldown, t = (state[k] for k in ("pos", "inv", "cooldown", "t"))
         e, a = pos.shape
         x = cooldown.shape[1]
         n, dev = e * a, pos.device
         self.cells, self.max_tokens = geom.cells, max_tokens
-        self.type_tokens, self.inv, self.vibe, self.cooldown = state["type_tokens"], inv, state["vibe"], cooldown
+        self.inv, self.vibe, self.cooldown = inv, state["vibe"], cooldown
         offsets, window_locs = geom.window(dev)  # [121] nearest first
         self.tables(geom, max_steps, dev)
 
@@ -93,13 +102,15 @@ class TokenEncoder:
         self.window = self.candidates[:, objects:]
         self.window_locs = window_locs
 
-        # Inputs of the lookups, and their index buffers.
-        self.pos3 = pos.view(e, a, 1)
-        self.window_offsets = offsets
-        self.window_cells = torch.empty(e, a * offsets.numel(), dtype=torch.int64, device=dev)
-        self.window_cells3 = self.window_cells.view(e, a, -1)
-        self.window_tokens = torch.empty_like(self.window_cells)
-        self.window_tokens_n = self.window_tokens.view(n, -1)
+        # Inputs of the lookups, and their index buffers. The map's tokens are read straight into the candidates
+        # from ``rows`` seen as int32s.
+        self.pos, self.pos3 = pos, pos.view(e, a, 1)
+        self.row_words = rows.view(torch.int32).view(-1)
+        self.first_word = 2 * (torch.arange(e, device=dev) * rows.shape[1] + type_tokens_column).view(e, 1)
+        self.agent_word = torch.empty(e, a, dtype=torch.int64, device=dev)  # int32 of the token of its cell
+        self.agent_word_n = self.agent_word.view(n, 1)
+        self.window_words = offsets
+        self.window_index = torch.empty(n, offsets.numel(), dtype=torch.int64, device=dev)
         self.inventory_index = torch.empty(e, a, INVENTORY_SLOTS, dtype=torch.int64, device=dev)
         self.inventory_rows = torch.arange(INVENTORY_SLOTS, device=dev) * VALUES
         self.progress_index = t.view(e, 1).expand(e, a)
@@ -118,7 +129,6 @@ class TokenEncoder:
         self.compacted = torch.empty(n, max(c, max_tokens) + 1, dtype=torch.int32, device=dev)
         token_bytes = self.compacted.view(torch.uint8).view(n, -1, 4)
         self.compacted_bytes = token_bytes[:, 1 : max_tokens + 1, :3]
-        self.obs = torch.empty(n, max_tokens, 3, dtype=torch.uint8, device=dev)
 
     def tables(self, geom: Geometry, max_steps: int, dev: torch.device) -> None:
         """Constant value -> token tables (0 where a value gives no token)."""
@@ -141,11 +151,11 @@ class TokenEncoder:
         assert NUM_FEATURES < 256 and max_steps >= 1
 
     def encode(self) -> torch.Tensor:
-        """Observations uint8 [N, max_tokens, 3] of the current state (``self.obs``)."""
+        """Observations uint8 [N, max_tokens, 3] of the current state, a new tensor."""
         # 3. the static map: the type token of every window cell, with the cell's location.
-        torch.add(self.pos3, self.window_offsets, out=self.window_cells3)
-        torch.gather(self.type_tokens, 1, self.window_cells, out=self.window_tokens)
-        self.window.copy_(self.window_tokens_n).bitwise_or_(self.window_locs)
+        torch.add(self.first_word, self.pos, out=self.agent_word)
+        torch.add(self.agent_word_n, self.window_words, out=self.window_index)
+        torch.take(self.row_words, self.window_index, out=self.window).bitwise_or_(self.window_locs)
         # 1. the centre: inventory values and the episode's progress.
         torch.add(self.inv, self.inventory_rows, out=self.inventory_index)
         torch.take(self.centre_tokens, self.inventory_index, out=self.centre_inv)
@@ -158,11 +168,10 @@ class TokenEncoder:
         torch.add(self.loc_agents, self.vibe_tokens, out=self.agent_vibes)
         torch.take(self.cooldown_table, self.cooldown, out=self.cooldown_tokens2)
         torch.add(self.loc_ext, self.cooldown_tokens, out=self.cooldowns)
-        self.compact(self.candidates)
-        return self.obs
+        return self.compact(self.candidates)
 
     def compact(self, candidates: torch.Tensor) -> torch.Tensor:
-        """Move each row's real tokens (REAL set) to its front, in order, cut at max_tokens, into ``self.obs``.
+        """Move each row's real tokens (REAL set) to its front, in order, cut at max_tokens: uint8 [N, M, 3], new.
 
         candidates: int32 [N, C]. A real token's rank (1, 2, ...) within its row is its column in ``compacted``
         (column 0 takes every other candidate, and ranks past max_tokens land past what is read), so one scatter
@@ -172,4 +181,4 @@ class TokenEncoder:
         torch.cumsum(self.real, 1, out=self.rank)
         self.column.copy_(self.rank.mul_(self.real))  # scatter takes int64 indices
         self.compacted.fill_(PAD_INT).scatter_(1, self.column, candidates)
-        return self.obs.copy_(self.compacted_bytes)
+        return self.compacted_bytes.contiguous()
