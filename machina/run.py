@@ -23,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from machina import distributed
 from machina.build import build, build_trainer
+from machina.env.factory import env_factory
 from machina.errors import ConfigError
-from machina.evaluation import Evaluator
+from machina.evaluation.evaluator import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.run_lock import RunLock
@@ -107,23 +108,22 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> fl
 
 
 def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) -> PeriodicEval | None:
-    """The evaluator of ``trainer.eval_interval`` / ``trainer.replay_interval``, or None when both are 0."""
+    """The evaluator of ``trainer.eval_interval`` / ``trainer.replay_interval``, or None when both are 0. It builds
+    its envs from the run's env settings, as the builder does."""
     if not (cfg.trainer.eval_interval or cfg.trainer.replay_interval):
         return None
     settings = cfg.evaluation
-    try:
-        evaluator = Evaluator(
-            resolved["env"],
-            episodes=settings.episodes,
-            greedy=settings.greedy,
-            seed=parts.system.seed + settings.seed_offset,
-            device=parts.device,
-        )
-    except TypeError as err:
-        raise ConfigError(
-            f"periodic evaluation runs on the built-in env only (env=machina_1), not on {cfg.env._target_} ({err}); "
-            "set trainer.eval_interval=0 trainer.replay_interval=0"
-        ) from None
+    evaluator = Evaluator(
+        env_factory(resolved["env"], parts.device),
+        episodes=settings.episodes,
+        greedy=settings.greedy,
+        seed=parts.system.seed + settings.seed_offset,
+    )
+    if cfg.trainer.replay_interval:
+        try:
+            evaluator.env(num_envs=1).render(0)
+        except NotImplementedError as err:
+            raise ConfigError(f"{err}; set trainer.replay_interval=0") from None
     return PeriodicEval(evaluator, run_dir / "replays", wandb)
 
 

@@ -259,7 +259,7 @@ def test_checkpoint_with_pickled_objects_or_truncated_is_refused(short_run, tmp_
         (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints must be an integer >= 1, got 0"),
         (["experience.batch_size=500"], "experience.batch_size=500 must be a multiple of agents x bptt_horizon"),
         (["system.device=tpu"], "system.device='tpu' is not a device"),
-        (["env.num_envs=0"], "num_envs, height, width, max_steps, max_tokens must be >= 1"),
+        (["env.num_envs=0"], "env.num_envs=0 must be an integer >= 1"),
         (["resume=/nonexistent/run"], "resume='/nonexistent/run' does not exist"),
     ],
 )

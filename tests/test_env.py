@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from machina import keys
 from machina.env.machina_1 import Machina1Env
 from machina.env.render import render_ascii, render_frame, save_png
+from machina.errors import ConfigError
 
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)
 CARBON, HEART = 0, 4
@@ -125,9 +126,8 @@ def test_first_episodes_are_staggered_and_resets_per_step_are_bounded():
     assert stats["episodes"] == 128 and stats["length"] == float(first.sum()) + 64 * 20
 
 
-def test_sync_free_reset_path_resets_exactly_the_ended_envs():
+def test_reset_path_resets_exactly_the_ended_envs():
     env = Machina1Env(num_envs=40, max_steps=10, teacher=True, seed=5)
-    env.sync_free = True  # the accelerator path: a fixed-size, sorted selection of envs to reset
     env.reset()
     for _ in range(25):
         before = {k: v.clone() for k, v in env.state.items()}
@@ -244,3 +244,146 @@ def test_obs_specs_round_trip_through_plain_data_and_refuse_anything_else():
     ):
         with pytest.raises(ValueError, match="obs_spec"):
             obs_spec_from_dict(bad)
+
+
+def test_without_stagger_every_env_plays_whole_episodes_and_last_episodes_holds_each_env_s_stats():
+    env = Machina1Env(num_envs=5, max_steps=12, seed=2, stagger=False)
+    assert env.state["t"].tolist() == [0] * 5
+    returns = torch.zeros(5)
+    for step in range(12):
+        assert env.last_episodes()["episodes"].tolist() == [0.0] * 5
+        td = env.step(env.observe()[keys.TEACHER_ACTIONS])
+        returns += td[keys.REWARDS].view(5, 4).sum(1)
+        assert td[keys.TRUNCATED].all() == (step == 11)
+    last = env.last_episodes()
+    assert last["episodes"].tolist() == [1.0] * 5 and last["length"].tolist() == [12.0] * 5
+    torch.testing.assert_close(last["return"], returns / 4)  # per-agent return, summed from the rewards
+    assert (last["hearts_made"] >= last["hearts_deposited"]).all() and last["resources_gathered"].sum() > 0
+    stats = env.episode_stats()
+    assert stats["episodes"] == 5 and torch.isclose(stats["return"], returns.sum() / 4)
+    assert stats["hearts_made"] == last["hearts_made"].sum() and stats["length"] == 60
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("num_envs", 0, "env.num_envs=0 must be an integer >= 1"),
+        ("agents_per_env", 11, "env.agents_per_env=11 must be an integer in 1..10"),
+        ("height", 2.5, "env.height=2.5 must be an integer >= 1"),
+        ("max_steps", True, "env.max_steps=True must be an integer >= 1"),
+        ("num_vibes", 300, "env.num_vibes=300 must be an integer in 0..256"),
+        ("extractor_cooldown", -1, "env.extractor_cooldown=-1 must be an integer in 0..255"),
+        ("inventory_cap", 0, "env.inventory_cap=0 must be an integer in 1..255"),
+        ("extractors_per_resource", 0, "env.extractors_per_resource=0 must be an integer >= 1"),
+        ("obstacle_density", 1.0, "env.obstacle_density=1.0 must be a number in [0, 1)"),
+        ("heart_reward", float("nan"), "env.heart_reward=nan must be a finite number"),
+        ("teacher", "yes", "env.teacher='yes' must be true or false"),
+        ("width", 499, "env.height=11 plus env.width=499 must be at most 500"),
+        ("max_tokens", 21, "env.max_tokens=21 is too small: every observation must hold 22 tokens"),
+        ("obstacle_density", 0.9, "do not fit in a 11x11 interior"),
+    ],
+)
+def test_invalid_settings_are_refused_naming_the_setting_and_value(setting, value, message):
+    with pytest.raises(ConfigError) as refused:
+        Machina1Env(**{"num_envs": 2, setting: value})
+    assert message in str(refused.value)
+
+
+def test_max_tokens_at_the_minimum_keeps_every_uncut_token():
+    # 6 centre + 2 per agent + 1 per extractor = 6 + 8 + 4 with one extractor per resource.
+    env = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=18, extractor_cooldown=50, seed=1)
+    big = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=200, extractor_cooldown=50, seed=1)
+    for _ in range(30):
+        a = env.observe()[keys.TEACHER_ACTIONS]
+        small, full = env.step(a)[keys.OBS], big.step(a)[keys.OBS]
+        assert torch.equal(small, full[:, :18])
+    with pytest.raises(ConfigError, match="set env.max_tokens >= 18"):
+        Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=17)
+
+
+def play(env, steps, seed=0):
+    """Outputs of ``steps`` random steps, then the episode stats."""
+    g = torch.Generator().manual_seed(seed)
+    outs = [env.step(torch.randint(0, env.num_actions, (env.num_agents,), generator=g)) for _ in range(steps)]
+    return outs, env.episode_stats()
+
+
+@pytest.mark.parametrize("saved_with, resumed_with", [(False, True), (True, False)])
+def test_state_dict_resumes_across_teacher_on_and_off(saved_with, resumed_with):
+    settings = dict(num_envs=6, max_steps=9, seed=4)
+    env = Machina1Env(teacher=saved_with, **settings)
+    play(env, 13)
+    state = env.state_dict()
+    reference = Machina1Env(teacher=True, **settings)  # the uninterrupted run, with the teacher for comparison
+    play(reference, 13)
+    want, want_stats = play(reference, 20)
+    resumed = Machina1Env(teacher=resumed_with, **{**settings, "seed": 99})
+    resumed.load_state_dict(state)
+    got, got_stats = play(resumed, 20)
+    for g, w in zip(got, want, strict=True):
+        for key in (keys.OBS, keys.REWARDS, keys.TRUNCATED):
+            assert torch.equal(g[key], w[key]), key
+        assert (keys.TEACHER_ACTIONS in g.keys()) == resumed_with
+        if resumed_with:  # the distance fields were recomputed on load
+            assert torch.equal(g[keys.TEACHER_ACTIONS], w[keys.TEACHER_ACTIONS])
+    assert all(torch.equal(got_stats[k], v) for k, v in want_stats.items())
+
+
+def test_state_dict_holds_what_resume_needs_not_derived_fields():
+    env = Machina1Env(num_envs=256)
+    state = env.state_dict()
+    assert not {"dist", "dist_words", "type_tokens", "ext_of_cell", "grid"} & state.keys()
+    assert state["map"].dtype == torch.uint8 and state["map"].shape == (256, 13, 13)
+    size = sum(v.numel() * v.element_size() for v in state.values())
+    assert size < 300_000, size  # about 240 KB at 256 envs: maps, agents, stats, the pool's layouts, two RNG states
+    with pytest.raises(ValueError, match="is missing or has the wrong shape"):
+        Machina1Env(num_envs=8).load_state_dict(state)
+
+
+def test_ended_envs_restart_from_the_pool_in_ring_order_and_the_step_draws_no_random_numbers():
+    env = Machina1Env(num_envs=8, max_steps=4, teacher=False, seed=6)
+    grids = env.episodes.views(env.pool.rows)["grid"].clone()
+    rng = env.generator.get_state()
+    taken = []
+    for _ in range(4):
+        before = env.state["t"].clone()
+        env.step(torch.zeros(env.num_agents, dtype=torch.int64))
+        ended = (before == env.max_steps - 1).nonzero().flatten().tolist()
+        taken += [(e, env.state["grid"][e].clone()) for e in ended]
+    assert torch.equal(env.generator.get_state(), rng)  # steps use the pool only
+    assert len(taken) == 8  # 4-step episodes: every env ended once, in ring order of the pool's rows
+    for row, (_, grid) in enumerate(taken):
+        assert torch.equal(grid, grids[row])
+    env.prepare_rollout()  # refills the rows the last 4 steps could take: capacity 2 x 4 steps = all 8
+    assert not torch.equal(env.episodes.views(env.pool.rows)["grid"], grids)
+
+
+def test_a_rollout_longer_than_the_pool_reuses_its_rows_deterministically():
+    def run():
+        env = Machina1Env(num_envs=4, max_steps=3, teacher=False, seed=8)
+        grids = []
+        for _ in range(30):  # 10 ends per env, 40 restarts from a pool of 4 rows with no refill
+            env.step(torch.ones(env.num_agents, dtype=torch.int64))
+            grids.append(env.state["grid"].clone())
+        return env, torch.stack(grids)
+
+    env, first = run()
+    _, second = run()
+    assert torch.equal(first, second)
+    pool = env.episodes.views(env.pool.rows)["grid"]
+    assert all(any(torch.equal(g, p) for p in pool) for g in first[-1])  # every env plays one of the pool's maps
+
+
+def test_resume_between_rollouts_refills_the_pool_as_the_uninterrupted_run_does():
+    def rollout(env):
+        env.prepare_rollout()
+        return play(env, 11)[0]
+
+    env = Machina1Env(num_envs=12, max_steps=6, seed=3)
+    rollout(env)
+    state = env.state_dict()
+    want = rollout(env) + rollout(env)
+    resumed = Machina1Env(num_envs=12, max_steps=6, seed=0)
+    resumed.load_state_dict(state)
+    got = rollout(resumed) + rollout(resumed)
+    assert all(torch.equal(g[keys.OBS], w[keys.OBS]) for g, w in zip(got, want, strict=True))

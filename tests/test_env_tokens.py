@@ -6,7 +6,7 @@ from machina import keys
 from machina.env.grid import AGENT, CENTRE_LOC, F_COOLDOWN, F_INV, F_PROGRESS, F_TYPE, F_VIBE, RADIUS
 from machina.env.machina_1 import Machina1Env
 from machina.env.spec import PAD_TOKEN
-from machina.env.tokens import PAD_INT
+from machina.env.tokens import HALF, REAL
 
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)
 
@@ -94,16 +94,17 @@ def test_when_tokens_overflow_the_farthest_map_tokens_are_dropped():
 
 
 def test_compaction_keeps_order_pads_and_cuts_at_max_tokens():
-    env = Machina1Env(num_envs=16, max_tokens=8, teacher=False)  # 64 agents
+    env = Machina1Env(num_envs=16, max_tokens=22, teacher=False)  # 64 agents, 22 tokens (the smallest allowed)
+    n, c = env.encoder.candidates.shape
     g = torch.Generator().manual_seed(0)
-    c = env.encoder.locs.numel()
-    tokens = torch.randint(1, 1 << 24, (64, c), generator=g, dtype=torch.int32)
-    tokens *= torch.rand(64, c, generator=g) < torch.linspace(0, 0.12, 64).unsqueeze(1)  # 0 to ~17 per row
-    out = env.encoder.compact(tokens.clone())
-    for row, got in zip(tokens, out, strict=True):
-        want = [int(t | loc) for t, loc in zip(row, env.encoder.locs, strict=True) if t != 0][:8]
-        assert got.tolist() == want + [PAD_INT] * (8 - len(want))
-    assert (tokens != 0).sum(1).min() == 0 and (tokens != 0).sum(1).max() > 8
+    tokens = torch.randint(0, 1 << 24, (n, c), generator=g, dtype=torch.int32)  # three random bytes each
+    real = torch.rand(n, c, generator=g) < torch.linspace(0, 0.3, n).unsqueeze(1)  # 0 to ~43 real ones per row
+    half = torch.rand(n, c, generator=g) < 0.5  # an object out of view, or a location without a token: not real
+    obs = env.encoder.compact(tokens | torch.where(real, REAL, torch.where(half, HALF, 0)).int())
+    for row, keep, got in zip(tokens, real, obs, strict=True):
+        want = [[int(t) & 255, int(t) >> 8 & 255, int(t) >> 16] for t in row[keep]][:22]
+        assert got.tolist() == want + [[PAD_TOKEN] * 3] * (22 - len(want))
+    assert real.sum(1).min() == 0 and real.sum(1).max() > 22
 
 
 def test_max_tokens_sets_the_observation_width():

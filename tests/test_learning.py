@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from machina import keys
 from machina.build import build, build_trainer
-from machina.evaluation import Evaluator
+from machina.env.factory import env_factory
+from machina.evaluation.evaluator import Evaluator
 from machina.policy.io import load_policy
 from tests.conftest import compose_config, run_train
 
@@ -40,8 +40,7 @@ def test_ppo_beats_a_random_policy(tmp_path):
     run_dir, rows = train_small(tmp_path, ["losses=ppo"], 300_000)
     (policy_file,) = sorted((run_dir / "checkpoints").glob("policy_*.pt"))[-1:]
     policy, _ = load_policy(policy_file)
-    env = OmegaConf.to_container(compose_config(SMALL).env, resolve=True)
-    rows_eval = Evaluator(env, episodes=32, seed=1).compare(policy)
+    rows_eval = Evaluator(env_factory(compose_config(SMALL).env, "cpu"), episodes=32, seed=1).compare(policy)
     trained, random = rows_eval["policy"]["return"], rows_eval["random"]["return"]
     assert trained > 2 * random, rows_eval
     first, last = rows[1]["overview/reward"], rows[-1]["overview/reward"]  # epoch 1 may end no episode

@@ -109,4 +109,4 @@ def test_buffer_stores_only_what_the_enabled_losses_ask_for(losses, stored, abse
     assert stored <= columns
     assert not (absent & columns)
     assert keys.FULL_LOG_PROBS not in columns  # no loss stores the policy's full distribution
-    assert parts.env.spec.provides_teacher is (keys.TEACHER_ACTIONS in columns)
+    assert parts.env.teacher is (keys.TEACHER_ACTIONS in columns)

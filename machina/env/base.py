@@ -59,10 +59,12 @@ class Env:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
-    def prepare_rollout(self) -> None:
-        """Called at each epoch boundary, before a rollout: host-side work that must stay out of the steps (refilling
-        pools of pre-generated layouts, for example). Nothing by default."""
+    def prepare_rollout(self, steps: int | None = None) -> None:
+        """Called at each epoch boundary, before a rollout of ``steps`` steps (None: as many as the last one): work
+        that must stay out of the steps (refilling pools of pre-generated layouts, for example). Nothing by
+        default."""
 
     def render(self, env_index: int = 0) -> np.ndarray:
-        """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays."""
+        """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays (an env may take drawing options as
+        keyword arguments, e.g. machina_1's ``cell`` size)."""
         raise NotImplementedError(f"{type(self).__name__} cannot render frames, so it has no replays")

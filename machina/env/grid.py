@@ -99,12 +99,19 @@ class Geometry:
 
     def interior(self, device: torch.device) -> torch.Tensor:
         """int64 [height * width]: flat indices of the interior cells, row-major."""
-        r, c = torch.meshgrid(torch.arange(1, self.rows - 1), torch.arange(1, self.cols - 1), indexing="ij")
+        return self._cells(1, self.rows - 1, 1, self.cols - 1, device)
+
+    def map_cells(self, device: torch.device) -> torch.Tensor:
+        """int64 [rows * cols]: flat indices of the bordered map's cells (interior and walls), row-major."""
+        return self._cells(0, self.rows, 0, self.cols, device)
+
+    def _cells(self, row0: int, row1: int, col0: int, col1: int, device: torch.device) -> torch.Tensor:
+        r, c = torch.meshgrid(torch.arange(row0, row1), torch.arange(col0, col1), indexing="ij")
         return ((r + RADIUS) * self.pcols + c + RADIUS).flatten().to(device)
 
     def template(self, device: torch.device) -> torch.Tensor:
-        """uint8 [cells]: an empty board with its wall border (margin cells are EMPTY)."""
-        board = torch.zeros(self.rows + 2 * RADIUS, self.pcols, dtype=torch.uint8)
+        """int64 [cells]: an empty board with its wall border (margin cells are EMPTY)."""
+        board = torch.zeros(self.rows + 2 * RADIUS, self.pcols, dtype=torch.int64)
         board[RADIUS : RADIUS + self.rows, RADIUS : RADIUS + self.cols] = WALL
         board[RADIUS + 1 : RADIUS + self.rows - 1, RADIUS + 1 : RADIUS + self.cols - 1] = EMPTY
         return board.flatten().to(device)

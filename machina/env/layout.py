@@ -2,11 +2,10 @@
 
 A layout is a ``Layout`` of tensors for K envs (all on the env's device, flat padded cell indices, see grid.py):
 
-- ``grid`` uint8 [K, cells]: object type per cell (walls, obstacles, extractors, assembler, chest);
+- ``grid`` int64 [K, cells]: object type per cell (walls, obstacles, extractors, assembler, chest);
 - ``agent_pos`` int64 [K, agents]: cell of each agent slot;
 - ``ext_pos`` int64 [K, X]: cell of each extractor (X = 4 * extractors_per_resource); unused slots point at cell 0,
-  a margin cell that holds nothing;
-- ``ext_of_cell`` int64 [K, cells]: extractor slot of each cell, X where the cell is not an extractor.
+  a margin cell that holds nothing.
 """
 
 from typing import NamedTuple
@@ -14,13 +13,13 @@ from typing import NamedTuple
 import torch
 
 from machina.env.grid import AGENT_CHARS, ASSEMBLER, CHARS, CHEST, EMPTY, EXTRACTOR, OBSTACLE, TYPE_OF_CHAR, Geometry
+from machina.errors import ConfigError
 
 
 class Layout(NamedTuple):
     grid: torch.Tensor
     agent_pos: torch.Tensor
     ext_pos: torch.Tensor
-    ext_of_cell: torch.Tensor
 
 
 def extractor_slots(ext_pos: torch.Tensor, cells: int) -> torch.Tensor:
@@ -44,16 +43,17 @@ class LayoutSampler:
         self.geom, self.agents = geom, agents
         self.interior = geom.interior(device)
         self.template = geom.template(device)
-        kinds = torch.arange(4, dtype=torch.uint8, device=device).repeat_interleave(extractors_per_resource)
-        fixed = torch.tensor([ASSEMBLER, CHEST], dtype=torch.uint8, device=device)
-        obstacles = torch.full((num_obstacles,), OBSTACLE, dtype=torch.uint8, device=device)
-        self.object_types = torch.cat([kinds + EXTRACTOR, fixed, obstacles])  # uint8 [objects]
+        kinds = torch.arange(4, device=device).repeat_interleave(extractors_per_resource)
+        fixed = torch.tensor([ASSEMBLER, CHEST], device=device)
+        obstacles = torch.full((num_obstacles,), OBSTACLE, device=device)
+        self.object_types = torch.cat([kinds + EXTRACTOR, fixed, obstacles])  # int64 [objects]
         self.num_extractors = kinds.numel()
         needed = agents + self.object_types.numel()
         if needed > self.interior.numel():
-            raise ValueError(
+            raise ConfigError(
                 f"{needed} agents and objects do not fit in a {geom.height}x{geom.width} interior "
-                f"({self.interior.numel()} cells): lower obstacle_density or extractors_per_resource, or enlarge"
+                f"({self.interior.numel()} cells): lower env.obstacle_density or env.extractors_per_resource, or "
+                "raise env.height / env.width"
             )
 
     def sample(self, k: int, generator: torch.Generator) -> Layout:
@@ -66,7 +66,7 @@ class LayoutSampler:
         grid = self.template.expand(k, -1).clone()
         grid.scatter_(1, objects, self.object_types.expand(k, -1))
         ext_pos = cells[:, a : a + x].contiguous()
-        return Layout(grid, cells[:, :a].contiguous(), ext_pos, extractor_slots(ext_pos, self.geom.cells))
+        return Layout(grid, cells[:, :a].contiguous(), ext_pos)
 
 
 def parse_ascii(rows: list[str], geom: Geometry, agents: int, num_extractors: int, device) -> Layout:
@@ -78,7 +78,7 @@ def parse_ascii(rows: list[str], geom: Geometry, agents: int, num_extractors: in
     """
     if len(rows) != geom.rows or any(len(r) != geom.cols for r in rows):
         raise ValueError(f"expected {geom.rows} rows of {geom.cols} characters (height/width + border)")
-    grid = geom.template("cpu").clone()
+    grid = geom.template("cpu")
     agent_pos: dict[int, int] = {}
     ext_pos: list[int] = []
     for y, row in enumerate(rows):
@@ -104,5 +104,4 @@ def parse_ascii(rows: list[str], geom: Geometry, agents: int, num_extractors: in
     assert grid[0] == EMPTY  # unused extractor slots rely on cell 0 being empty margin
     ext = torch.tensor(ext_pos + [0] * (num_extractors - len(ext_pos)), dtype=torch.int64).unsqueeze(0)
     pos = torch.tensor([agent_pos[i] for i in range(agents)], dtype=torch.int64).unsqueeze(0)
-    layout = Layout(grid.unsqueeze(0), pos, ext, extractor_slots(ext, geom.cells))
-    return Layout(*(t.to(device) for t in layout))
+    return Layout(grid.unsqueeze(0).to(device), pos.to(device), ext.to(device))

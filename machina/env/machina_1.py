@@ -19,40 +19,43 @@ when several agents move into (or use) the same cell in one step, the lowest age
 Shaping: ``resource_reward`` per unit gathered and ``heart_made_reward`` per heart made, to the agent that did it.
 
 Episodes end only by truncation at ``max_steps``; ended envs reset in place within the same ``step`` (see ``step``).
-The first episodes are staggered: each env starts its first episode at a random step counter in [0, max_steps),
-drawn as a random permutation modulo max_steps, so first-episode lengths lie in [1, max_steps] and at most
-ceil(num_envs / max_steps) envs end on any one step. Randomness comes only from one ``torch.Generator`` seeded from
-``seed`` on ``device``.
+With ``stagger`` (training) each env starts its first episode at a random step counter in [0, max_steps), drawn as
+a random permutation modulo max_steps, so first-episode lengths lie in [1, max_steps] and at most
+ceil(num_envs / max_steps) envs end on any one step; without it (evaluation) every env starts at step 0.
+
+How a step stays cheap (about 140 aten ops at any num_envs) and capturable in a CUDA graph: every env's state is
+a row in each of two int64 blocks (``rows.py``, ``pool.py``), ended envs are reset by copying rows from a pool of
+fresh episodes (one fixed-size gather per block) that ``prepare_rollout`` refills between rollouts, observations
+and the teacher are table lookups into buffers allocated once (``tokens.py``, ``teacher.py``), and nothing is
+read back to the host. Randomness comes only from one ``torch.Generator`` seeded from ``seed`` on ``device``, used
+by ``reset`` and ``prepare_rollout``, never by ``step``.
+
+Capturing ``step`` in a CUDA graph (``torch.cuda.graph``, after a few warm-up steps on a side stream as for any
+capture): shapes and buffers are fixed and no host sync happens, so the capture succeeds; the step draws no random
+numbers, so the env's generator needs no ``CUDAGraph.register_generator_state`` (a random draw added to ``step``
+from ``self.generator``, a CUDA generator of its own, would need ``graph.register_generator_state(env.generator)``
+before the capture, or every replay would repeat the captured draws). ``reset`` and ``prepare_rollout`` stay outside
+the graph. A replay skips the step's Python side effects: pass the number of replayed steps to
+``prepare_rollout(steps)``. The returned copies become the graph's static outputs, which every replay overwrites.
+Invalid action ids trip an asynchronous device-side assert, inside a graph too.
 """
 
-import math
 import sys
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
 from machina import keys
 from machina.env import layout as layouts
-from machina.env.grid import (
-    AGENT,
-    ASSEMBLER,
-    CHEST,
-    EMPTY,
-    EXTRACTOR,
-    F_COOLDOWN,
-    F_TYPE,
-    F_VIBE,
-    HEART,
-    INVENTORY_SLOTS,
-    NUM_GOALS,
-    NUM_RESOURCES,
-    WINDOW,
-    Geometry,
-    feature_table,
-)
+from machina.env.base import Env
+from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, HEART, NUM_RESOURCES, WINDOW, Geometry, feature_table
+from machina.env.machina_1_settings import check_settings
+from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
-from machina.env.teacher import distance_fields, teacher_actions
-from machina.env.tokens import TokenEncoder, cell_token
+from machina.env.step_buffers import StepBuffers
+from machina.env.teacher import Teacher
+from machina.env.tokens import TokenEncoder
 
 assert sys.byteorder == "little", "tokens are packed into int32s and read back as bytes (little-endian)"
 
@@ -60,20 +63,23 @@ STAT_NAMES = ("episodes", "return", "length", "hearts_made", "hearts_deposited",
 NUM_MOVES = 5  # noop + 4 directions; vibe actions follow
 
 
-class Machina1Env:
+class Machina1Env(Env):
     """E envs x A agents of the machina_1 re-creation. See the module docstring for the rules.
 
-    State tensors (all on ``device``; P = cells of one padded board, X = 4 * extractors_per_resource):
-    ``grid`` uint8 [E, P], ``pos`` int64 [E, A], ``inv`` int16 [E, A, 5] (4 resources, hearts), ``vibe`` int64
-    [E, A], ``cooldown`` int16 [E, X + 1] (last slot is scratch), ``t`` int64 [E] step counter of the episode,
-    ``ep`` float32 [E, 5] running episode sums (return summed over agents, length, hearts made, hearts deposited,
-    resources gathered), ``totals`` float32 [6] stats of ended episodes, plus per-layout caches (``ext_pos``,
-    ``ext_of_cell``, ``cell_types`` and, with the teacher, the distance fields ``dist``).
+    ``state`` maps names to views of the per-env rows (all int64 on ``device``; P = cells of one padded board,
+    X = 4 * extractors_per_resource): ``grid`` [E, P] object types, ``ext_of_cell`` [E, P] extractor slot of each
+    cell (X elsewhere), ``ext_pos`` [E, X], ``pos`` [E, A], ``inv`` [E, A, 5] (4 resources, hearts), ``vibe``
+    [E, A], ``cooldown`` [E, X + 1] (the last slot belongs to no extractor and is never ready), ``t`` [E] step
+    counter of the episode, ``ep`` [E, 5] this episode's counts (``Episodes.COUNTS``) and, with the teacher,
+    ``dist`` int16 [E, P, 8] distance fields (teacher.py).
+
+    Every step writes into buffers allocated once; ``step``, ``reset`` and ``observe`` return copies of them, which
+    the caller owns (losses keep a step across the next one, so handing out the buffers themselves would let the
+    next step change what they hold).
     """
 
     def __init__(
         self,
-        num_envs: int = 256,
         agents_per_env: int = 4,
         height: int = 11,
         width: int = 11,
@@ -87,76 +93,51 @@ class Machina1Env:
         resource_reward: float = 0.1,
         extractor_cooldown: int = 8,
         inventory_cap: int = 4,
+        num_envs: int = 256,
         seed: int = 0,
         device: str | torch.device = "cpu",
         teacher: bool = True,
+        stagger: bool = True,
     ):
-        if not 1 <= agents_per_env <= 10:
-            raise ValueError(f"agents_per_env must be in 1..10, got {agents_per_env}")
-        if min(num_envs, height, width, max_steps, max_tokens) < 1 or not 0 < inventory_cap < 256:
-            raise ValueError("num_envs, height, width, max_steps, max_tokens must be >= 1 and inventory_cap in 1..255")
-        if not 0 <= extractor_cooldown < 256 or num_vibes < 0 or height + width > 500:
-            raise ValueError("extractor_cooldown must be in 0..255, num_vibes >= 0, height + width <= 500")
-        self.device = torch.device(device)
-        self.num_envs, self.agents_per_env = num_envs, agents_per_env
-        self.num_agents = num_envs * agents_per_env
-        self.max_steps, self.teacher = max_steps, teacher
-        self.heart_reward, self.heart_made_reward, self.resource_reward = (
-            heart_reward,
-            heart_made_reward,
-            resource_reward,
-        )
-        self.extractor_cooldown, self.inventory_cap = extractor_cooldown, inventory_cap
+        check_settings(locals())
+        self.device = torch.empty(0, device=device).device  # with its index, so that device checks compare equal
+        e, a, dev = num_envs, agents_per_env, self.device
+        self.num_envs, self.agents_per_env, self.num_agents = e, a, e * a
+        self.max_steps, self.teacher, self.stagger = max_steps, teacher, stagger
+        self.rewards_per = (heart_reward, heart_made_reward, resource_reward)
         self.geom = Geometry(height, width)
         self.sampler = layouts.LayoutSampler(
-            self.geom, agents_per_env, extractors_per_resource, round(obstacle_density * height * width), self.device
+            self.geom, a, extractors_per_resource, round(obstacle_density * height * width), dev
         )
-        self.num_extractors = self.sampler.num_extractors
-        objects = 2 * agents_per_env + self.num_extractors  # agents' type and vibe tokens, extractors' cooldowns
-        self.encoder = TokenEncoder(self.geom, max_tokens, objects, num_envs, agents_per_env, self.device)
-        self.sweeps = 2 * (height + width)  # BFS sweeps: paths longer than this count as unreachable for the teacher
+        self.num_extractors = x = self.sampler.num_extractors
 
         names, norms = feature_table(extractor_cooldown, num_vibes, inventory_cap)
         actions = ("noop", "move_north", "move_east", "move_south", "move_west")
         actions += tuple(f"vibe_{v}" for v in range(num_vibes))
         self.num_actions = len(actions)
-        # The episode_progress token tells the policy how far the episode is: a time-limit end is observed.
+        # The episode_progress token tells the policy how far the episode is: a time-limit end is observed. The
+        # scripted teacher is there whether or not this env was asked to compute it (``teacher``).
         obs_spec = ObsSpec(max_tokens, WINDOW, names, norms)
-        self.spec = EnvSpec(num_envs, agents_per_env, self.num_actions, obs_spec, actions, teacher, observes_time=True)
+        self.spec = EnvSpec(e, a, self.num_actions, obs_spec, actions, provides_teacher=True, observes_time=True)
 
-        dev, e, a, p = self.device, num_envs, agents_per_env, self.geom.cells
-        self.deltas = self.geom.move_deltas(dev)
-        self.action_delta = torch.cat([self.deltas, self.deltas.new_zeros(num_vibes)])  # int64 [num_actions]
-        self.inside = self.geom.template(dev) != EMPTY
-        self.inside[self.geom.interior(dev)] = True
-        slots = torch.arange(a, device=dev)
-        self.lower = (slots.view(1, -1) < slots.view(-1, 1)).unsqueeze(0)  # [1, A, A]: [i, j] = j has priority
-        self.others = (slots.view(1, -1) != slots.view(-1, 1)).unsqueeze(0)
-        self.agent_type = torch.full((e, a), cell_token(F_TYPE, AGENT), dtype=torch.int32, device=dev)
         self.generator = torch.Generator(dev)
         self.generator.manual_seed(seed)
-        # Resets per step are bounded by the balanced stagger. On accelerators (sync_free) a fixed number of envs
-        # is reset each step (no host sync), so the bound must hold; hand-made layouts (set_layout) lift it to E.
-        self.sync_free = self.device.type != "cpu"
-        self._reset_capacity = math.ceil(e / max_steps)
+        self.episodes = Episodes(self.geom, self.sampler, max_steps, teacher, self.generator)
+        self.rows = self.episodes.empty(e)
+        self.state = self.episodes.views(self.rows)
+        self.pool = EpisodePool(self.episodes, size=e, num_envs=e)
+        self.totals = torch.zeros(len(Episodes.COUNTS), dtype=torch.int64, device=dev)  # of ended episodes
+        self.last = torch.zeros(e, len(Episodes.COUNTS), dtype=torch.int64, device=dev)  # each env's last episode
+        self.ended = torch.zeros(e, dtype=torch.int64, device=dev)  # episodes ended per env since reset
 
-        x = self.num_extractors
-        self.state = {
-            "grid": torch.zeros(e, p, dtype=torch.uint8, device=dev),
-            "ext_pos": torch.zeros(e, x, dtype=torch.int64, device=dev),
-            "ext_of_cell": torch.full((e, p), x, dtype=torch.int64, device=dev),
-            "cell_types": torch.zeros(e, p, dtype=torch.int32, device=dev),
-            "cooldown": torch.zeros(e, x + 1, dtype=torch.int16, device=dev),
-            "pos": torch.zeros(e, a, dtype=torch.int64, device=dev),
-            "inv": torch.zeros(e, a, INVENTORY_SLOTS, dtype=torch.int16, device=dev),
-            "vibe": torch.zeros(e, a, dtype=torch.int64, device=dev),
-            "t": torch.zeros(e, dtype=torch.int64, device=dev),
-            "ep": torch.zeros(e, 5, dtype=torch.float32, device=dev),
-            "totals": torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=dev),
-        }
+        self._constants(extractor_cooldown, inventory_cap, num_vibes)
+        self._buffers()
+        views = {**self.state, "cooldown": self.cooldown_ext, "things": self.things}
+        type_tokens = self.episodes.formats["map"].start["type_token_words"]
+        self.encoder = TokenEncoder(self.geom, max_tokens, max_steps, views, self.rows["map"], type_tokens)
         if teacher:
-            self.state["dist"] = torch.zeros(e, p, NUM_GOALS, dtype=torch.int16, device=dev)
-        self._start_all()
+            self.teacher_policy = Teacher(self.state["dist_words"], self.state["pos"], self.state["inv"], self.deltas)
+        self.reset()
 
     # ----------------------------------------------------------------------------------------------- public API
     @classmethod
@@ -174,20 +155,36 @@ class Machina1Env:
     def set_layout(self, env_index: int, rows: list[str]) -> None:
         """Start a fresh episode (step 0, empty inventories) of env ``env_index`` on the hand-made map ``rows``."""
         lay = layouts.parse_ascii(rows, self.geom, self.agents_per_env, self.num_extractors, self.device)
-        idx = torch.tensor([env_index], device=self.device)
-        self._start_episodes(idx, lay, torch.zeros(1, dtype=torch.int64, device=self.device))
-        self.state["ep"][env_index] = 0
-        self._reset_capacity = self.num_envs
+        for block, fresh in self.episodes.fresh(lay).items():
+            self.rows[block][env_index] = fresh[0]
+        self.pool.set_capacity(self.num_envs)  # hand-made episodes end out of the stagger's schedule
 
     def reset(self) -> TensorDict:
-        """New random layouts and staggered step counters for all envs; clears episode stats. Returns observe()."""
-        self._start_all()
+        """New random layouts for all envs (step counters staggered if ``stagger``), a refilled pool, cleared
+        episode stats. Returns ``observe()``."""
+        e = self.num_envs
+        for block, fresh in self.episodes.fresh(self.sampler.sample(e, self.generator)).items():
+            self.rows[block].copy_(fresh)
+        if self.stagger:
+            self.state["t"].copy_(torch.randperm(e, generator=self.generator, device=self.device) % self.max_steps)
+        self.pool.set_capacity(-(-e // self.max_steps) if self.stagger else e)
+        self.pool.refill()
+        self.steps_since_refill = 0
+        for stats in (self.totals, self.last, self.ended):
+            stats.zero_()
         return self.observe()
 
+    def prepare_rollout(self, steps: int | None = None) -> None:
+        """Refill the pool of fresh episodes for the next ``steps`` steps (see ``pool.py``): layout generation and
+        the teacher's distance fields happen here, between rollouts, never inside ``step``. ``steps`` defaults to
+        the number of ``step`` calls since the last refill (the last rollout's length); a caller that replays steps
+        without calling ``step`` (a captured CUDA graph) passes it."""
+        self.pool.refill(self.steps_since_refill if steps is None else steps)
+        self.steps_since_refill = 0
+
     def observe(self) -> TensorDict:
-        """The current observation TensorDict (zero rewards, no termination), as ``reset`` returns it."""
-        zeros = torch.zeros(self.num_agents, dtype=torch.bool, device=self.device)
-        return self._output(torch.zeros(self.num_agents, device=self.device), zeros, zeros)
+        """The current observation TensorDict (zero rewards, no episode ends), as ``reset`` returns it."""
+        return self._output(self.zero_rewards, self.never)
 
     def step(self, actions: torch.Tensor) -> TensorDict:
         """Advance every env by one step.
@@ -197,51 +194,54 @@ class Machina1Env:
         int64 [N] when teacher=True. For envs whose episode ended at this step, REWARDS / TRUNCATED describe the
         step that just finished while OBS (and TEACHER_ACTIONS) already belong to the first step of the new episode.
         """
-        s = self.state
-        e, a = self.num_envs, self.agents_per_env
-        act = self._check_actions(actions).view(e, a)
-        pos, inv, cooldown = s["pos"], s["inv"], s["cooldown"]
-        cooldown.sub_(1).clamp_(min=0)
-        s["vibe"] = torch.where(act >= NUM_MOVES, act - NUM_MOVES, s["vibe"])
+        s, w = self.state, self.work
+        act = self._check_actions(actions)
+        self.steps_since_refill += 1
+        torch.where(act >= NUM_MOVES, act - NUM_MOVES, s["vibe"], out=s["vibe"])
 
-        moving = (act >= 1) & (act < NUM_MOVES)
-        target = pos + self.action_delta[act]
-        kind = s["grid"].gather(1, target)
-        same_target = (target.unsqueeze(2) == target.unsqueeze(1)) & moving.unsqueeze(1) & self.lower
-        acts = moving & ~same_target.any(2)  # the lowest slot moving into a cell wins it
-        occupied = ((target.unsqueeze(2) == pos.unsqueeze(1)) & self.others).any(2)
-        s["pos"] = torch.where(acts & (kind == EMPTY) & ~occupied, target, pos)
+        # Moves: an agent is blocked by a cell another agent starts the step on, and by a lower slot that moves
+        # into (or uses) the same cell; unblocked agents enter empty cells and use objects.
+        torch.take(self.action_delta, act, out=w.delta)
+        torch.add(s["pos"], w.delta, out=w.target)
+        w.start.copy_(s["pos"])
+        torch.eq(w.target3, w.claims3, out=w.clash)
+        torch.amax(w.clash.mul_(self.clash_rule), 2, out=w.free)
+        w.free.eq_(0)  # 1 where not blocked
+        torch.gather(s["grid"], 1, w.target, out=w.kind)
+        torch.eq(w.kind, EMPTY, out=w.walk)
+        s["pos"].addcmul_(w.delta, w.walk.mul_(w.free))
 
         # Extractors: +1 of the resource when ready and below the cap, then cool down.
-        using_ext = acts & (kind >= EXTRACTOR) & (kind < ASSEMBLER)
-        slot = torch.where(using_ext, s["ext_of_cell"].gather(1, target), self.num_extractors)
-        resource = (kind.long() - EXTRACTOR).clamp_(0, NUM_RESOURCES - 1).unsqueeze(-1)
-        held = inv.gather(2, resource).squeeze(-1)
-        gain = using_ext & (cooldown.gather(1, slot) == 0) & (held < self.inventory_cap)
-        inv.scatter_add_(2, resource, gain.unsqueeze(-1).to(inv.dtype))
-        # Only gaining users are unique per extractor; everyone else writes the scratch slot X.
-        cooldown.scatter_(1, torch.where(gain, slot, self.num_extractors), self.extractor_cooldown)
+        torch.maximum(self.cooldown_ext.sub_(1), self.zero, out=self.cooldown_ext)
+        torch.gather(s["ext_of_cell"], 1, w.target, out=w.slot)
+        torch.gather(s["cooldown"], 1, w.slot, out=w.gain).eq_(0)  # ready; never on the last slot (no extractor)
+        torch.take(self.resource_slot, w.kind, out=w.resource)
+        torch.gather(s["inv"], 2, w.resource3, out=w.room3).lt_(self.inventory_cap)
+        w.gain.mul_(w.room).mul_(w.free)
+        s["inv"].scatter_add_(2, w.resource3, w.gain3)
+        s["cooldown"].scatter_reduce_(1, w.slot, torch.mul(w.gain, self.extractor_cooldown, out=w.cool), "amax")
 
         # Assembler: one of each resource -> a heart. Chest: deposit all hearts.
-        craft = (
-            acts & (kind == ASSEMBLER) & (inv[..., :NUM_RESOURCES] > 0).all(-1) & (inv[..., HEART] < self.inventory_cap)
-        )
-        inv[..., :NUM_RESOURCES] -= craft.unsqueeze(-1).to(inv.dtype)
-        inv[..., HEART] += craft.to(inv.dtype)
-        deposit = torch.where(acts & (kind == CHEST), inv[..., HEART], 0)
-        inv[..., HEART] -= deposit
+        torch.minimum(self.held[0], self.held[1], out=w.has_all)  # a chain, not amin: faster on 4 strided values
+        for held in self.held[2:]:
+            torch.minimum(w.has_all, held, out=w.has_all)
+        torch.minimum(w.has_all, self.one, out=w.has_all)
+        torch.lt(self.hearts, self.inventory_cap, out=w.room)
+        torch.eq(w.kind, ASSEMBLER, out=w.craft).mul_(w.free).mul_(w.has_all).mul_(w.room)
+        s["inv"].addcmul_(w.craft3, self.recipe)
+        torch.eq(w.kind, CHEST, out=w.deposit).mul_(w.free).mul_(self.hearts)
+        self.hearts.sub_(w.deposit)
 
-        deposited = deposit.sum(1, dtype=torch.float32)  # [E]
-        rewards = (
-            self.heart_reward * deposited.unsqueeze(1) + self.resource_reward * gain + self.heart_made_reward * craft
-        )
-        s["t"] += 1
-        per_env = torch.stack([rewards.sum(1), torch.ones_like(deposited), craft.sum(1), deposited, gain.sum(1)], 1)
-        s["ep"] += per_env
-        done = s["t"] >= self.max_steps
-        self._end_episodes(done)
-        truncated = done.repeat_interleave(a)
-        return self._output(rewards.view(-1), torch.zeros_like(truncated), truncated)
+        # Rewards, looked up by (hearts deposited in the env, what the agent did); episode counts; episode ends.
+        torch.sum(w.events, 1, out=w.env_events)
+        torch.add(w.gain, w.craft, alpha=2, out=w.reward_index).add_(w.env_deposited, alpha=3)
+        torch.take(self.reward_table, w.reward_index, out=self.rewards_ea)
+        self.episode_events.add_(w.env_events)
+        self.clock.add_(1)
+        torch.ge(s["t"], self.max_steps, out=w.done)
+        self.truncated_ea.copy_(w.done_ea)
+        self._end_episodes()
+        return self._output(self.rewards, self.truncated)
 
     def episode_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the env-episodes that ended since the last call, as 0-d float32 tensors on the device.
@@ -252,118 +252,146 @@ class Machina1Env:
         agents of the env. Staggered first episodes are shorter and count like any other. Resets the sums; no
         host sync.
         """
-        totals = self.state["totals"].clone()
-        totals[1] /= self.agents_per_env
-        self.state["totals"].zero_()
-        return {name: totals[i] for i, name in enumerate(STAT_NAMES)}
+        stats = self._stats(self.totals.unsqueeze(0))
+        self.totals.zero_()
+        return {name: value[0] for name, value in stats.items()}
+
+    def last_episodes(self) -> dict[str, torch.Tensor]:
+        stats = self._stats(self.last)
+        stats["episodes"] = self.ended.float()
+        return stats
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every state tensor (cloned) plus the generator state under ``rng_state``: plain tensors only."""
-        d = {k: v.clone() for k, v in self.state.items()}
-        d["rng_state"] = self.generator.get_state()
-        d["reset_capacity"] = torch.tensor(self._reset_capacity)
-        return d
+        """What resume needs, as plain tensors: the envs' maps (object types of the bordered maps, uint8) and
+        agents, the pool's maps and cursor, the episode stats, the generator and the steps since the last refill.
+        Derived data (the teacher's distance fields, the type-token and extractor-slot boards) is recomputed by
+        ``load_state_dict``: about 230 KB at 256 envs."""
+        return {
+            **self.episodes.save(self.rows),
+            **self.pool.state_dict(),
+            "totals": self.totals.clone(),
+            "last": self.last.clone(),
+            "ended": self.ended.clone(),
+            "rng_state": self.generator.get_state(),
+            "steps_since_refill": torch.tensor(self.steps_since_refill),
+        }
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        """Restore a ``state_dict`` of an env built with the same settings."""
-        for k, v in self.state.items():
-            if k not in d or d[k].shape != v.shape:
-                raise ValueError(f"state_dict entry {k!r} is missing or has the wrong shape")
-            v.copy_(d[k])
+        """Restore a ``state_dict`` of an env built with the same settings; the teacher may be on in one and off in
+        the other (its distance fields are recomputed when this env has the teacher)."""
+        for name, own in (("totals", self.totals), ("last", self.last), ("ended", self.ended)):
+            if name not in d or d[name].shape != own.shape:
+                raise ValueError(f"state_dict entry {name!r} is missing or has the wrong shape")
+        for name in ("rng_state", "steps_since_refill"):
+            if name not in d:
+                raise ValueError(f"state_dict entry {name!r} is missing")
+        for block, rows in self.episodes.load(d, self.num_envs).items():
+            self.rows[block].copy_(rows)
+        for name, own in (("totals", self.totals), ("last", self.last), ("ended", self.ended)):
+            own.copy_(d[name])
+        self.pool.load_state_dict(d)
         self.generator.set_state(d["rng_state"])
-        self._reset_capacity = int(d["reset_capacity"])
+        self.steps_since_refill = int(d["steps_since_refill"])
+
+    def render(self, env_index: int = 0, cell: int = 24) -> np.ndarray:
+        """The replay frame of env ``env_index``: the map (``cell`` pixels per map cell) with a header (step, return
+        and hearts so far) and a legend (see ``frame.py``), uint8 RGB [H, W, 3]."""
+        from machina.env.frame import draw_frame  # PIL is imported only where frames are drawn
+
+        return draw_frame(self, env_index, cell)
+
+    def episode_so_far(self, env_index: int) -> dict[str, float]:
+        """This episode's stats of env ``env_index`` up to now (names of ``episode_stats``), read on the host."""
+        return {k: float(v[0]) for k, v in self._stats(self.state["ep"][env_index : env_index + 1]).items()}
 
     # ------------------------------------------------------------------------------------------------ internals
+    def _constants(self, extractor_cooldown: int, inventory_cap: int, num_vibes: int) -> None:
+        dev, a, x = self.device, self.agents_per_env, self.num_extractors
+        self.extractor_cooldown, self.inventory_cap = extractor_cooldown, inventory_cap
+        self.deltas = self.geom.move_deltas(dev)
+        self.action_delta = torch.cat([self.deltas, self.deltas.new_zeros(num_vibes)])  # int64 [num_actions]
+        self.max_action = torch.tensor(self.num_actions - 1, device=dev)
+        slots = torch.arange(a, device=dev)
+        # clash_rule[i, j]: agent i is blocked if its target is the target of a lower slot j (first A columns) or
+        # the start cell of another agent j (last A columns).
+        lower, others = slots.view(1, -1) < slots.view(-1, 1), slots.view(1, -1) != slots.view(-1, 1)
+        self.clash_rule = torch.cat([lower, others], 1).unsqueeze(0).long()  # [1, A, 2A]
+        self.zero, self.one = torch.tensor(0, device=dev), torch.tensor(1, device=dev)
+        # Inventory slot of the resource of each object type (any slot for the others: they never gain).
+        self.resource_slot = (torch.arange(EXTRACTOR + NUM_RESOURCES + 2, device=dev) - EXTRACTOR).clamp(0, 3)
+        self.recipe = torch.tensor([-1] * NUM_RESOURCES + [1], device=dev)  # inventory change of a craft
+        # Reward of (hearts deposited in the env d, agent event c: 0 none, 1 gathered, 2 crafted) at 3 * d + c, in
+        # float32 and in the order of the reward's definition: heart + gathering + crafting.
+        heart, made, resource = self.rewards_per
+        deposited = torch.arange(a * inventory_cap + 1, device=dev, dtype=torch.float32).repeat_interleave(3)
+        event = torch.arange(3, device=dev).repeat(a * inventory_cap + 1)
+        self.reward_table = heart * deposited + resource * (event == 1) + made * (event == 2)
+        self.cooldown_ext = self.state["cooldown"][:, :x]
+        self.held = self.state["inv"][..., :NUM_RESOURCES].unbind(-1)
+        self.hearts = self.state["inv"][..., HEART]
+        episode, fields = self.rows["episode"], self.episodes.formats["episode"]
+        self.things = episode[:, fields.span("ext_pos", "pos")]  # the extractors' cells, then the agents'
+        self.clock = episode[:, self.episodes.clock]  # the step counter and the episode length: +1 per step
+        self.episode_events = self.state["ep"][:, Episodes.COUNTS.index("hearts_made") :]
+
+    def _buffers(self) -> None:
+        """Output buffers and step scratch, allocated once: a step keeps every shape."""
+        e, a, dev = self.num_envs, self.agents_per_env, self.device
+        n = e * a
+        self.rewards = torch.zeros(n, device=dev)
+        self.zero_rewards = torch.zeros(n, device=dev)
+        self.truncated = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.never = torch.zeros(n, dtype=torch.bool, device=dev)  # TERMINATED: episodes end by time only
+        self.rewards_ea, self.truncated_ea = self.rewards.view(e, a), self.truncated.view(e, a)
+        self.work = StepBuffers(e, a, dev)
+
     def _check_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """int64 [E, A] actions; a ValueError for a wrong type or shape, an asynchronous assert for ids out of range."""
         if not isinstance(actions, torch.Tensor):
             raise ValueError(f"actions must be a torch.Tensor, got {type(actions).__name__}")
         if actions.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"actions must be int64 (or int32), got {actions.dtype}")
         if actions.shape != (self.num_agents,):
             raise ValueError(f"actions must have shape [{self.num_agents}] (num_agents), got {list(actions.shape)}")
-        actions = actions.to(self.device, torch.int64)
-        in_range = (actions >= 0) & (actions < self.num_actions)
+        if actions.dtype != torch.int64 or actions.device != self.device:
+            actions = actions.to(self.device, torch.int64)
+        act = actions.view(self.num_envs, self.agents_per_env)
+        w = self.work
+        # a | (n - 1 - a) is negative exactly when a < 0 or a > n - 1.
+        torch.bitwise_or(act, torch.sub(self.max_action, act, out=w.check), out=w.check)
         msg = f"action ids must be in [0, {self.num_actions})"
         # An asynchronous assert: no host read on any device. On CPU it fails at once, so it becomes a ValueError
         # there; on an accelerator it surfaces at the next sync as a device-side assert carrying the message.
         try:
-            torch._assert_async(in_range.all(), msg)
+            torch._assert_async(w.check.amin() >= 0, msg)
         except RuntimeError:
             raise ValueError(msg) from None
-        return actions
+        return act
 
-    def _start_all(self) -> None:
-        e = self.num_envs
-        idx = torch.arange(e, device=self.device)
-        t0 = torch.randperm(e, generator=self.generator, device=self.device) % self.max_steps
-        self._start_episodes(idx, self.sampler.sample(e, self.generator), t0)
-        self.state["ep"].zero_()
-        self.state["totals"].zero_()
-        self._reset_capacity = math.ceil(e / self.max_steps)
+    def _end_episodes(self) -> None:
+        """Count the ended episodes (``work.done``) and start the ended envs afresh from the pool."""
+        s, w = self.state, self.work
+        w.done_i.copy_(w.done)
+        torch.mul(s["ep"], w.done_i1, out=w.ended)
+        self.totals.add_(w.ended.sum(0))
+        torch.where(w.done1, s["ep"], self.last, out=self.last)
+        self.ended.add_(w.done_i)
+        self.pool.reset_ended(self.rows, w.done_i, w.done1)
 
-    def _end_episodes(self, done: torch.Tensor) -> None:
-        """Add ended episodes to the totals and start new random episodes in those envs (done: bool [E])."""
-        s = self.state
-        done_f = done.to(torch.float32).unsqueeze(1)
-        s["totals"][0] += done_f.sum()
-        s["totals"][1:] += (s["ep"] * done_f).sum(0)
-        s["ep"] *= 1.0 - done_f
-        if not self.sync_free:
-            idx = done.nonzero().squeeze(1)  # exact; a host sync, which costs nothing on CPU
-            if idx.numel() == 0:
-                return
-            keep = None
-        else:
-            # A fixed number of envs: the ended ones first, in env order (stable sort), then others that keep their
-            # state; the order is deterministic so that each ended env always draws the same layout.
-            k = min(self._reset_capacity, self.num_envs)
-            torch._assert_async(done.sum() <= k, "more envs ended in one step than the reset capacity")
-            idx = torch.sort((~done).to(torch.uint8), stable=True).indices[:k]
-            keep = ~done[idx]
-        t0 = torch.zeros_like(idx)
-        self._start_episodes(idx, self.sampler.sample(idx.numel(), self.generator), t0, keep)
-
-    def _start_episodes(self, idx, lay: layouts.Layout, t0: torch.Tensor, keep: torch.Tensor | None = None) -> None:
-        """Write layout ``lay`` and empty agent state into envs ``idx`` (int64 [K]), except where ``keep`` is True."""
-        s = self.state
-        new = {
-            "grid": lay.grid,
-            "ext_pos": lay.ext_pos,
-            "ext_of_cell": lay.ext_of_cell,
-            "cell_types": torch.where(lay.grid != EMPTY, cell_token(F_TYPE, lay.grid.int()), 0),
-            "cooldown": torch.zeros_like(s["cooldown"][idx]),
-            "pos": lay.agent_pos,
-            "inv": torch.zeros_like(s["inv"][idx]),
-            "vibe": torch.zeros_like(s["vibe"][idx]),
-            "t": t0,
-        }
+    def _output(self, rewards: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
+        """The step's TensorDict: a new observation and copies of the other output buffers (class docstring)."""
+        out = {keys.REWARDS: rewards, keys.TERMINATED: self.never, keys.TRUNCATED: truncated}
         if self.teacher:
-            new["dist"] = distance_fields(lay.grid, self.inside, self.geom.pcols, self.sweeps)
-        for name, value in new.items():
-            if keep is not None:
-                value = torch.where(keep.view(-1, *([1] * (value.dim() - 1))), s[name][idx], value)
-            s[name].index_copy_(0, idx, value)
-
-    def _output(self, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
-        out = {keys.OBS: self._observe(), keys.REWARDS: rewards, keys.TERMINATED: terminated, keys.TRUNCATED: truncated}
-        if self.teacher:
-            s = self.state
-            out[keys.TEACHER_ACTIONS] = teacher_actions(s["dist"], s["pos"], s["inv"], self.deltas)
+            out[keys.TEACHER_ACTIONS] = self.teacher_policy.actions()
+        out = {keys.OBS: self.encoder.encode(), **{k: v.clone() for k, v in out.items()}}
         return TensorDict(out, batch_size=[self.num_agents], device=self.device)
 
-    def _observe(self) -> torch.Tensor:
-        """uint8 [N, M, 3] token observations of the current state (see tokens.py)."""
-        s = self.state
-        vibe, cooldown = s["vibe"].int(), s["cooldown"][:, : self.num_extractors].int()
-        obj_pos = torch.cat([s["pos"], s["pos"], s["ext_pos"]], 1)  # [E, J]: agents' type, agents' vibe, cooldowns
-        obj_tokens = torch.cat(
-            [
-                self.agent_type,
-                torch.where(vibe > 0, cell_token(F_VIBE, vibe), 0),
-                torch.where(cooldown > 0, cell_token(F_COOLDOWN, cooldown), 0),
-            ],
-            1,
-        )
-        progress = (s["t"] * 256 // self.max_steps).clamp_(max=255).int()
-        centre = torch.cat([s["inv"].int(), progress.view(-1, 1, 1).expand(-1, self.agents_per_env, 1)], 2)
-        return self.encoder.encode(s["cell_types"], s["pos"], centre.view(self.num_agents, -1), obj_pos, obj_tokens)
+    def _stats(self, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+        """float32 [K] per stat name from episode counts int64 [K, 5] (``Episodes.COUNTS``); ``return`` is the
+        episode return averaged over the env's agents, from its definition: every agent gets ``heart_reward`` per
+        heart deposited, the gatherer and the crafter their shaping reward."""
+        c = dict(zip(Episodes.COUNTS, counts.double().unbind(1), strict=True))
+        heart, made, resource = self.rewards_per
+        per_agent = heart * c["hearts_deposited"]
+        per_agent = per_agent + (made * c["hearts_made"] + resource * c["resources_gathered"]) / self.agents_per_env
+        return {name: (per_agent if name == "return" else c[name]).float() for name in STAT_NAMES}

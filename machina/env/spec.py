@@ -70,7 +70,8 @@ def obs_spec_from_dict(data: dict[str, Any]) -> ObsSpec | VectorObsSpec:
 class EnvSpec:
     """Shapes every env exposes: agents, observations, actions, and what the env provides.
 
-    ``provides_teacher``: the env can return ``TEACHER_ACTIONS`` (scripted teacher) with every step.
+    ``provides_teacher``: the env has a scripted teacher: built with ``teacher=True`` it returns ``TEACHER_ACTIONS``
+    with every step (whether this instance computes them is its own setting).
     ``observes_time``: the observation carries the episode's progress, so an episode cut at a time limit is a
     terminal state of the observed process and needs no bootstrap. When False, the env returns ``FINAL_OBS`` on
     steps where an episode was truncated, and the trainer bootstraps the truncated step from its value.

@@ -2,8 +2,7 @@
 
 A token is three bytes (location ``dy << 4 | dx`` in the agent's 11x11 window with the agent at (5, 5), feature id,
 value). Internally a token is one int32 with those bytes in its low three bytes (little-endian): moving a token moves
-one integer, and the observation is a byte view of the int32s. An int32 of 0 means "no token" (every real token has
-a non-zero value byte).
+one integer, and the observation is a byte view of the int32s.
 
 Tokens an agent gets, in this order:
 
@@ -15,98 +14,171 @@ Tokens an agent gets, in this order:
 
 Real tokens fill the first slots; the rest are padding (``PAD_TOKEN`` bytes). When there are more than
 ``max_tokens`` tokens, the list is cut at ``max_tokens``: the farthest static ``type_id`` tokens are dropped, while
-the few tokens of groups 1 and 2 (at most 6 + 2 * agents + extractors) stay.
+the tokens of groups 1 and 2 (at most ``never_cut`` = 6 + 2 * agents + extractors) stay.
 
-How: group 3 is gathered from one int32 per padded cell (static within an episode) with a single precomputed offset
-tensor; group 2 comes from the positions of a handful of objects per env, which is cheaper than keeping a dynamic
-per-cell grid; the list is then compacted so that real tokens come first.
+How, in a fixed number of tensor ops with no branch on data: every candidate token (6 centre + J objects + 121
+window cells per agent) is looked up in small constant tables (value -> token) and written into one preallocated
+int32 [N, C] buffer; a compaction then moves the real ones to the front. Whether a candidate is real is carried in
+bits 24-25, above the three token bytes: a centre or map token has REAL set; an object token and the location of
+its object each carry HALF, so their sum has REAL set only when the object has a token *and* is inside the window.
 """
 
 import torch
 
-from machina.env.grid import CENTRE_LOC, F_INV, F_PROGRESS, INVENTORY_SLOTS, Geometry
+from machina.env.grid import (
+    AGENT,
+    CENTRE_LOC,
+    F_COOLDOWN,
+    F_INV,
+    F_PROGRESS,
+    F_TYPE,
+    F_VIBE,
+    INVENTORY_SLOTS,
+    NUM_FEATURES,
+    Geometry,
+)
 from machina.env.spec import PAD_TOKEN
 
 PAD_INT = PAD_TOKEN | PAD_TOKEN << 8 | PAD_TOKEN << 16  # the three padding bytes as one int32
+HALF = 1 << 24  # an object's token, and its location when inside the window: the two halves of a real token
+REAL = 2 * HALF  # bit 25: set on every real token, and on no other candidate
+CENTRE_TOKENS = INVENTORY_SLOTS + 1  # inventory slots, then episode progress
+VALUES = 256  # token values are bytes
 
 
-def cell_token(feature: int | torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """A token without its location byte: ``feature << 8 | value << 16`` (same dtype as ``value``)."""
-    return (value << 16) | (feature << 8)
+def token(feature: int, value: int, location: int = 0) -> int:
+    """One token as an int (location, feature, value in bytes 0, 1, 2)."""
+    return value << 16 | feature << 8 | location
+
+
+def type_tokens(grid: torch.Tensor) -> torch.Tensor:
+    """The ``type_id`` token (no location) of every cell of ``grid`` (object types, int64), REAL set; 0 if empty."""
+    return torch.where(grid != 0, token(F_TYPE, 0) | grid << 16 | REAL, 0)
+
+
+def never_cut(agents: int, extractors: int) -> int:
+    """Tokens that the cut at max_tokens never drops: the centre, every agent's type and vibe, every cooldown."""
+    return CENTRE_TOKENS + 2 * agents + extractors
 
 
 class TokenEncoder:
-    """Turns the env state into ``uint8 [N, max_tokens, 3]`` observations (see the module docstring).
+    """Writes ``uint8 [N, max_tokens, 3]`` observations of the env state into ``self.obs`` (see the module docstring).
 
-    The large per-step temporaries ([N, C] with C = 6 + J + 121 candidate tokens per agent) live in buffers
-    allocated once; only the returned observation is new memory each step.
+    Bound at construction to the env's state views (all int64, updated in place by the env): ``pos`` [E, A] agent
+    cells, ``things`` [E, X + A] cells of the extractors then the agents, ``inv`` [E, A, 5], ``vibe`` [E, A],
+    ``cooldown`` [E, X] and ``t`` [E]; and to ``rows``, the env's int64 [E, width] map rows, whose words from
+    ``type_tokens_column`` on hold the int32 ``type_id`` token of every cell (``type_tokens()``), two per word.
+    ``encode()`` returns a new observation tensor.
     """
 
-    def __init__(self, geom: Geometry, max_tokens: int, num_objects: int, num_envs: int, agents_per_env: int, device):
-        n = num_envs * agents_per_env
-        self.max_tokens, self.cells = max_tokens, geom.cells
-        self.offsets, window_locs = geom.window(device)  # [121] nearest first
-        self.location_table = geom.location_table(device)
-        self.env_base = torch.arange(num_envs, device=device).view(-1, 1) * geom.cells  # [E, 1]
-        features = torch.arange(F_INV, F_INV + INVENTORY_SLOTS, dtype=torch.int32, device=device)
-        features = torch.cat([features, features.new_tensor([F_PROGRESS])])
-        self.centre_heads = cell_token(features, 0) | CENTRE_LOC  # int32 [6]
-        self.window_start = features.numel() + num_objects  # candidate columns: centre, objects, window
-        # Location byte of every candidate column; centre and object tokens carry theirs already.
-        self.locs = torch.cat([torch.zeros(self.window_start, dtype=torch.int32, device=device), window_locs])
-        c = self.locs.numel()
-        self._index = torch.empty(n, self.offsets.numel(), dtype=torch.int64, device=device)
-        self._tokens = torch.empty(n, c, dtype=torch.int32, device=device)
-        self._real = torch.empty(n, c, dtype=torch.int32, device=device)
-        self._rank = torch.empty(n, c, dtype=torch.int32, device=device)
-        self._slot = torch.empty(n, c, dtype=torch.int64, device=device)
-        self._out = torch.empty(n, max_tokens + 2, dtype=torch.int32, device=device)
-
-    def encode(
+    def __init__(
         self,
-        cell_types: torch.Tensor,
-        agent_pos: torch.Tensor,
-        centre_values: torch.Tensor,
-        obj_pos: torch.Tensor,
-        obj_tokens: torch.Tensor,
-    ) -> torch.Tensor:
-        """Observations uint8 [N, max_tokens, 3].
+        geom: Geometry,
+        max_tokens: int,
+        max_steps: int,
+        state: dict[str, torch.Tensor],
+        rows: torch.Tensor,
+        type_tokens_column: int,
+    ):
+        pos, inv, cooldown, t = (state[k] for k in ("pos", "inv", "cooldown", "t"))
+        e, a = pos.shape
+        x = cooldown.shape[1]
+        n, dev = e * a, pos.device
+        self.cells, self.max_tokens = geom.cells, max_tokens
+        self.inv, self.vibe, self.cooldown = inv, state["vibe"], cooldown
+        offsets, window_locs = geom.window(dev)  # [121] nearest first
+        self.tables(geom, max_steps, dev)
 
-        cell_types: int32 [E, cells] static ``type_id`` token (no location) of every cell, 0 if empty;
-        agent_pos: int64 [E, A] agent cells; centre_values: int32 [N, 6] values 0..255 of the centre tokens
-        (5 inventory slots, episode progress); obj_pos: int64 [E, J] cells of the group-2 tokens;
-        obj_tokens: int32 [E, J] those tokens (no location), 0 where none.
+        # Candidate columns per agent: centre (6), agent types (A), vibes (A), cooldowns (X), window cells (121).
+        objects = CENTRE_TOKENS + 2 * a + x
+        c = objects + offsets.numel()
+        self.candidates = torch.empty(n, c, dtype=torch.int32, device=dev)
+        per_env = self.candidates.view(e, a, c)
+        self.centre_inv = per_env[:, :, :INVENTORY_SLOTS]
+        self.centre_progress = per_env[:, :, INVENTORY_SLOTS]
+        self.agent_types = per_env[:, :, CENTRE_TOKENS : CENTRE_TOKENS + a]
+        self.agent_vibes = per_env[:, :, CENTRE_TOKENS + a : CENTRE_TOKENS + 2 * a]
+        self.cooldowns = per_env[:, :, CENTRE_TOKENS + 2 * a : objects]
+        self.window = self.candidates[:, objects:]
+        self.window_locs = window_locs
+
+        # Inputs of the lookups, and their index buffers. The map's tokens are read straight into the candidates
+        # from ``rows`` seen as int32s.
+        self.pos, self.pos3 = pos, pos.view(e, a, 1)
+        self.row_words = rows.view(torch.int32).view(-1)
+        self.first_word = 2 * (torch.arange(e, device=dev) * rows.shape[1] + type_tokens_column).view(e, 1)
+        self.agent_word = torch.empty(e, a, dtype=torch.int64, device=dev)  # int32 of the token of its cell
+        self.agent_word_n = self.agent_word.view(n, 1)
+        self.window_words = offsets
+        self.window_index = torch.empty(n, offsets.numel(), dtype=torch.int64, device=dev)
+        self.inventory_index = torch.empty(e, a, INVENTORY_SLOTS, dtype=torch.int64, device=dev)
+        self.inventory_rows = torch.arange(INVENTORY_SLOTS, device=dev) * VALUES
+        self.progress_index = t.view(e, 1).expand(e, a)
+        self.things3 = state["things"].view(e, 1, x + a)
+        self.delta = torch.empty(e, a, x + a, dtype=torch.int64, device=dev)
+        self.loc = torch.empty(e, a, x + a, dtype=torch.int32, device=dev)
+        self.loc_ext, self.loc_agents = self.loc[:, :, :x], self.loc[:, :, x:]
+        self.vibe_tokens = torch.empty(e, 1, a, dtype=torch.int32, device=dev)
+        self.cooldown_tokens = torch.empty(e, 1, x, dtype=torch.int32, device=dev)
+        self.vibe_tokens2, self.cooldown_tokens2 = self.vibe_tokens.view(e, a), self.cooldown_tokens.view(e, x)
+
+        # Compaction: rank of each real token in its row; column 0 of ``compacted`` is scratch for the others.
+        self.real = torch.empty(n, c, dtype=torch.int32, device=dev)
+        self.rank = torch.empty_like(self.real)
+        self.column = torch.empty(n, c, dtype=torch.int64, device=dev)
+        self.compacted = torch.empty(n, max(c, max_tokens) + 1, dtype=torch.int32, device=dev)
+        token_bytes = self.compacted.view(torch.uint8).view(n, -1, 4)
+        self.compacted_bytes = token_bytes[:, 1 : max_tokens + 1, :3]
+
+    def tables(self, geom: Geometry, max_steps: int, dev: torch.device) -> None:
+        """Constant value -> token tables (0 where a value gives no token)."""
+
+        def table(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=dev)
+
+        self.centre_tokens = table(
+            [token(F_INV + i, v, CENTRE_LOC) | REAL if v else 0 for i in range(INVENTORY_SLOTS) for v in range(VALUES)]
+        )
+        progress = [min(t * 256 // max_steps, 255) for t in range(max_steps + 1)]
+        self.progress_tokens = table([token(F_PROGRESS, p, CENTRE_LOC) | REAL if p else 0 for p in progress])
+        self.vibe_table = table([token(F_VIBE, v) | HALF if v else 0 for v in range(VALUES)])
+        self.cooldown_table = table([token(F_COOLDOWN, v) | HALF if v else 0 for v in range(VALUES)])
+        self.agent_token = torch.tensor(token(F_TYPE, AGENT) | HALF, dtype=torch.int32, device=dev)
+        self.real_bit = torch.tensor(25, dtype=torch.int32, device=dev)  # 0-d int32: no conversion per call
+        # Location byte (plus HALF) of a cell at flat offset d from the agent, at index d + cells - 1; 0 outside.
+        locations = geom.location_table(dev)
+        self.location_table = torch.where(locations >= 0, locations | HALF, 0).int()
+        assert NUM_FEATURES < 256 and max_steps >= 1
+
+    def encode(self) -> torch.Tensor:
+        """Observations uint8 [N, max_tokens, 3] of the current state, a new tensor."""
+        # 3. the static map: the type token of every window cell, with the cell's location.
+        torch.add(self.first_word, self.pos, out=self.agent_word)
+        torch.add(self.agent_word_n, self.window_words, out=self.window_index)
+        torch.take(self.row_words, self.window_index, out=self.window).bitwise_or_(self.window_locs)
+        # 1. the centre: inventory values and the episode's progress.
+        torch.add(self.inv, self.inventory_rows, out=self.inventory_index)
+        torch.take(self.centre_tokens, self.inventory_index, out=self.centre_inv)
+        torch.take(self.progress_tokens, self.progress_index, out=self.centre_progress)
+        # 2. objects: the location of every extractor and agent in every agent's window, plus their tokens.
+        torch.sub(self.things3, self.pos3, out=self.delta)
+        torch.take(self.location_table, self.delta.add_(self.cells - 1), out=self.loc)
+        torch.add(self.loc_agents, self.agent_token, out=self.agent_types)
+        torch.take(self.vibe_table, self.vibe, out=self.vibe_tokens2)
+        torch.add(self.loc_agents, self.vibe_tokens, out=self.agent_vibes)
+        torch.take(self.cooldown_table, self.cooldown, out=self.cooldown_tokens2)
+        torch.add(self.loc_ext, self.cooldown_tokens, out=self.cooldowns)
+        return self.compact(self.candidates)
+
+    def compact(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Move each row's real tokens (REAL set) to its front, in order, cut at max_tokens: uint8 [N, M, 3], new.
+
+        candidates: int32 [N, C]. A real token's rank (1, 2, ...) within its row is its column in ``compacted``
+        (column 0 takes every other candidate, and ranks past max_tokens land past what is read), so one scatter
+        compacts every row: fixed shapes, no host read.
         """
-        tokens, k = self._tokens, self.window_start  # int32 [N, C]; window tokens lack their location byte
-        torch.add((agent_pos + self.env_base).view(-1, 1), self.offsets, out=self._index)
-        torch.take(cell_types.view(-1), self._index, out=tokens[:, k:])
-        centre = torch.where(centre_values != 0, (centre_values << 16) | self.centre_heads, 0)
-        tokens[:, : centre.shape[1]] = centre
-        tokens[:, centre.shape[1] : k] = self._object_tokens(agent_pos, obj_pos, obj_tokens)
-        out = self.compact(tokens)  # int32 [N, max_tokens]: the token bytes are its low 3 bytes (little-endian)
-        return out.view(torch.uint8).view(*out.shape, 4)[..., :3].contiguous()
-
-    def _object_tokens(self, agent_pos, obj_pos, obj_tokens) -> torch.Tensor:
-        """int32 [N, J]: each object's token, located in each agent's window; 0 if it has none or is out of view."""
-        delta = obj_pos.unsqueeze(1) - agent_pos.unsqueeze(2) + (self.cells - 1)  # [E, A, J], always >= 0
-        loc = self.location_table[delta]
-        tokens = obj_tokens.unsqueeze(1).expand_as(loc)
-        return torch.where((loc >= 0) & (tokens != 0), tokens | loc, 0).flatten(0, 1)
-
-    def compact(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Move each row's real tokens (with their locations) to its front, in order, cut at max_tokens.
-
-        tokens: int32 [N, C], 0 = none (overwritten: locations are or-ed in). Returns int32 [N, max_tokens] padded
-        with PAD_INT, a view of an internal buffer. Fixed shapes and no host sync: a real token's rank (1, 2, ...)
-        within its row is its output column + 1; non-tokens and ranks past max_tokens go to a scratch column.
-        Integer arithmetic instead of boolean masks: on CPU, where / masked_fill on bools are several times slower.
-        """
-        real, rank, slot, out = self._real, self._rank, self._slot, self._out
-        scratch = self.max_tokens + 1
-        torch.clamp(tokens, max=1, out=real)  # 1 for a token, 0 for none (tokens are >= 0)
-        torch.cumsum(real, 1, out=rank)
-        rank.clamp_(max=scratch).sub_(scratch).mul_(real).add_(scratch)  # real: min(rank, scratch); else scratch
-        slot.copy_(rank)  # scatter wants int64 indices
-        tokens |= self.locs
-        out.fill_(PAD_INT).scatter_(1, slot, tokens)
-        return out[:, 1:scratch]
+        torch.bitwise_right_shift(candidates, self.real_bit, out=self.real)  # 1 for a real token, 0 for the others
+        torch.cumsum(self.real, 1, out=self.rank)
+        self.column.copy_(self.rank.mul_(self.real))  # scatter takes int64 indices
+        self.compacted.fill_(PAD_INT).scatter_(1, self.column, candidates)
+        return self.compacted_bytes.contiguous()

@@ -6,13 +6,12 @@ the trainer times it apart from the epoch, so it costs the run its own time and 
 """
 
 import logging
-from functools import partial
 from pathlib import Path
 
 from torch import nn
 
-from machina.evaluation import Evaluator
-from machina.replay import record_replay, save_gif
+from machina.evaluation.evaluator import Evaluator
+from machina.evaluation.gif import save_gif
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,7 @@ class PeriodicEval:
 
     def replay(self, policy: nn.Module, epoch: int, agent_step: int) -> Path:
         """Record one full episode of the policy as ``replay_<epoch>.gif`` and log it to W&B."""
-        steps = self.evaluator.make_env(num_envs=1).max_steps
-        frames = record_replay(partial(self.evaluator.make_env, num_envs=1), policy, steps, seed=self.evaluator.seed)
+        frames = self.evaluator.episode_frames(policy)
         self.replay_dir.mkdir(parents=True, exist_ok=True)
         path = self.replay_dir / f"replay_{epoch:06d}.gif"
         save_gif(frames, path)
