@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from machina import distributed, keys
@@ -78,8 +78,10 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
 
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
-    """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
-    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
+    """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator
+    (``trainer.evaluation`` configures the evaluator, built by ``machina.run``, not the trainer)."""
+    loop = OmegaConf.masked_copy(cfg.trainer, [key for key in cfg.trainer if key != "evaluation"])
+    return instantiate(loop, rollout=parts.rollout, learner=parts.learner, **extra)
 
 
 def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:

@@ -14,6 +14,7 @@ uses its choice; rank 0 alone holds the lock and writes the run folder, metrics.
 """
 
 import logging
+import math
 import secrets
 from contextlib import nullcontext
 from pathlib import Path
@@ -29,9 +30,9 @@ from machina.evaluation.evaluator import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.run_lock import RunLock
-from machina.training.checkpoint import Checkpointer, check_same_run, find_checkpoint, load_checkpoint, trim_metrics
+from machina.training.checkpoint import Checkpointer, check_same_run, find_checkpoint, load_checkpoint
+from machina.training.epoch_metrics import summarize
 from machina.training.periodic_eval import PeriodicEval
-from machina.training.trainer import summarize
 from machina.validation import check_ranges, check_types
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> fl
     # A resume logs into the checkpoint's W&B run; a new run gets its id here, so its first checkpoint records it.
     run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
     checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
-    evaluator = periodic_eval(cfg, resolved, parts, run_dir, None) if main else None
+    evaluator = periodic_eval(cfg, resolved, parts, run_dir, None)  # on every rank: each plays a share
     # The sinks open below, once the resume is accepted.
     trainer = build_trainer(cfg, parts, sinks=[], checkpointer=checkpointer, evaluator=evaluator)
     wandb = None
@@ -75,9 +76,13 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> fl
         log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
     if main:  # accepted: from here on the run folder changes
         checkpointer.prepare()
-        prepare_run_dir(run_dir, resolved, trainer.epoch)
+        prepare_run_dir(run_dir, resolved)
         wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg))
-        trainer.sinks = [ConsoleSink(cfg.trainer.total_timesteps), JsonlSink(run_dir / "metrics.jsonl"), wandb]
+        trainer.sinks = [
+            ConsoleSink(cfg.trainer.total_timesteps),
+            JsonlSink(run_dir / "metrics.jsonl", trainer.epoch),
+            wandb,
+        ]
         if evaluator is not None:
             evaluator.wandb = wandb  # replays go to W&B as media
     log.info(
@@ -112,10 +117,11 @@ def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) 
     its envs from the run's env settings, as the builder does."""
     if not (cfg.trainer.eval_interval or cfg.trainer.replay_interval):
         return None
-    settings = cfg.evaluation
+    settings = cfg.trainer.evaluation
+    # Every rank plays its share of the episodes; its seed (system.seed + rank) gives it its own layouts.
     evaluator = Evaluator(
         env_factory(resolved["env"], parts.device),
-        episodes=settings.episodes,
+        episodes=math.ceil(settings.episodes / distributed.world_size()),
         greedy=settings.greedy,
         seed=parts.system.seed + settings.seed_offset,
     )
@@ -127,13 +133,11 @@ def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) 
     return PeriodicEval(evaluator, run_dir / "replays", wandb)
 
 
-def prepare_run_dir(run_dir: Path, resolved: dict, epoch: int) -> None:
-    """Create the run folder, save the resolved config, and drop the metrics rows after ``epoch`` (the resumed run
-    writes those epochs again; a fresh start keeps none)."""
+def prepare_run_dir(run_dir: Path, resolved: dict) -> None:
+    """Create the run folder and save the resolved config (once a resume is accepted)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
-        trim_metrics(run_dir / "metrics.jsonl", epoch)
     except OSError as err:
         raise ConfigError(
             f"cannot write to the run folder {str(run_dir)!r} ({err.strerror or err}); choose a writable one with "

@@ -188,7 +188,7 @@ def test_periodic_eval_rows_and_replays_during_training(tmp_path):
             "trainer.total_timesteps=4096",
             "trainer.eval_interval=2",
             "trainer.replay_interval=4",
-            "evaluation.episodes=4",
+            "trainer.evaluation.episodes=4",
             "wandb=disabled",
             f"hydra.run.dir={run_dir}",
         ]

@@ -79,7 +79,9 @@ def count_tensor_constructions(calls: list[str]):
     "losses",
     [
         ["losses=[ppo]", "experience/sampler=prioritized"],
-        ["losses=[ppo]"],
+        ["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=0.5"],
+        ["losses=[sliced_scripted_cloner,ppo]"],
+        ["losses=[ppo,eer_cloner]", "experience/sampler=prioritized"],
     ],
     ids=lambda o: o[0],
 )

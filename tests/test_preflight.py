@@ -40,8 +40,10 @@ def test_a_misspelt_group_option_lists_the_options_and_the_closest(argv, wrong, 
         (["trainer.total_timestep=10"], "trainer.total_timesteps"),
         (["env.num_env=8"], "env.num_envs"),
         (["sytem.seed=3"], "system.seed"),  # a misspelt parent
-        (["seed=3"], "env.seed' or 'system.seed"),  # a key with that name elsewhere
-        (["-m", "trainer.gama=0.9,0.99"], "trainer.gamma"),
+        (["seed=3"], "system.seed"),  # a key with that name elsewhere
+        (["-m", "learner.gama=0.9,0.99"], "learner.gamma"),
+        (["trainer.update_epochs=3"], "learner.update_epochs"),  # moved to the learner group (README: migration)
+        (["experience.sampling=prioritized"], "experience.sampler"),
         (["-m", "optimizer.lrr=interval(0.0001,0.01)"], "optimizer.lr"),
         (["policy=vit", "policy.encoder.num_latent=4"], "policy.encoder.num_latents"),  # a key of the chosen option
     ],
@@ -64,11 +66,11 @@ def test_an_unknown_key_without_a_close_one_lists_the_keys_next_to_it():
         ["-m", "losses=[ppo],[ppo,supervisor]", "system.torch_deterministic=true,false"],
         ["-m", "experiment=machina_1_sweep"],
         ["-m", "experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean"],
-        ["-m", "optimizer.lr=interval(0.0001,0.01)", "trainer.gamma=tag(log,interval(0.9,0.99))"],
-        ["-m", "trainer.update_epochs=range(1,3)", "losses=choice([ppo],[ppo,supervisor])", "losses=glob(*)"],
+        ["-m", "optimizer.lr=interval(0.0001,0.01)", "learner.gamma=tag(log,interval(0.9,0.99))"],
+        ["-m", "learner.update_epochs=range(1,3)", "losses=choice([ppo],[ppo,supervisor])", "losses=glob(*)"],
         ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=x"],
         ["-m", "policy=fast,vit", "policy.encoder.num_latents=4"],  # a key of the second option only
-        ["+losses.extra._target_=x.Loss", "+losses.extra.coef=1", "~trainer.vtrace_c_clip", "++trainer.gamma=0.9"],
+        ["+losses.extra._target_=x.Loss", "+losses.extra.coef=1", "~learner.vtrace_c_clip", "++learner.gamma=0.9"],
         ["+losses=supervisor"],
         ["losses=[]", "hydra.run.dir=somewhere", "hydra.job.chdir=true", "trainer.total_timesteps=1e6"],
         ["losses=ppo,supervisor"],  # a sweep without -m: Hydra explains it

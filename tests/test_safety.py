@@ -285,8 +285,9 @@ KICKSTARTER = ["losses=[ppo,eer_kickstarter]", "losses.eer_kickstarter.teacher.p
     [
         (["losses=[ppo,supervisor]"], ["losses=[ppo]"]),  # full_log_probs and the env's teacher turn off
         (["losses=[ppo]"], KICKSTARTER),  # full_log_probs turns on (the teacher is a network, not the env's)
+        (["losses=[ppo]"], ["losses=[ppo,supervisor]"]),  # the env's teacher turns on: recomputed from the state
     ],
-    ids=["remove supervisor", "add eer_kickstarter"],
+    ids=["remove supervisor", "add eer_kickstarter", "add supervisor"],
 )
 def test_resume_with_another_set_of_losses(policy_file, tmp_path, first, then):
     """emit_full_log_probs follows the losses, so it changes with them; a real architecture change is still refused."""

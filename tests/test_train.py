@@ -26,7 +26,8 @@ from machina.env.machina_1 import Machina1Env
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink
 from machina.run import train
-from machina.training.trainer import Trainer, summarize
+from machina.training.epoch_metrics import summarize
+from machina.training.trainer import Trainer
 from tests.conftest import ROOT, compose_config, run_train
 from tests.wandb_reader import find_runs, read_run
 
@@ -125,26 +126,26 @@ def hydra_run():
 
 
 def test_the_resume_command_fixes_the_run_folder(hydra_run):
-    hydra_run(["trainer.gamma=0.9"], "/runs/2026-11-30/12-00-00")
-    argv = ["train.py", "losses=[ppo,supervisor]", "hydra.run.dir=elsewhere", "trainer.gamma=0.9"]
+    hydra_run(["learner.gamma=0.9"], "/runs/2026-11-30/12-00-00")
+    argv = ["train.py", "losses=[ppo,supervisor]", "hydra.run.dir=elsewhere", "learner.gamma=0.9"]
     assert resume_command(argv) == (
-        "python train.py 'losses=[ppo,supervisor]' trainer.gamma=0.9 hydra.run.dir=/runs/2026-11-30/12-00-00"
+        "python train.py 'losses=[ppo,supervisor]' learner.gamma=0.9 hydra.run.dir=/runs/2026-11-30/12-00-00"
     )
-    hydra_run(["trainer.gamma=0.9"], "/runs/sweep/0_x", RunMode.MULTIRUN)
+    hydra_run(["learner.gamma=0.9"], "/runs/sweep/0_x", RunMode.MULTIRUN)
     sweep = os.path.abspath("outputs/multirun/sweep")
-    assert resume_command(["train.py", "-m", "trainer.gamma=0.9,0.99"]) == (
-        f"python train.py -m trainer.gamma=0.9,0.99 hydra.sweep.dir={sweep}"
+    assert resume_command(["train.py", "-m", "learner.gamma=0.9,0.99"]) == (
+        f"python train.py -m learner.gamma=0.9,0.99 hydra.sweep.dir={sweep}"
     )
 
 
 def test_wandb_names_tell_runs_apart(hydra_run):
     cfg = hydra_run([], "/runs/2026-11-30/12-00-00")
     assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-00"  # not "default"
-    cfg = hydra_run(["trainer.gamma=0.9"], "/runs/2026-11-30/12-00-01")
-    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:trainer.gamma=0.9"
-    cfg = hydra_run(["trainer.gamma=0.9"], "/runs/sweep/3_trainer.gamma=0.9", RunMode.MULTIRUN)
+    cfg = hydra_run(["learner.gamma=0.9"], "/runs/2026-11-30/12-00-01")
+    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:learner.gamma=0.9"
+    cfg = hydra_run(["learner.gamma=0.9"], "/runs/sweep/3_learner.gamma=0.9", RunMode.MULTIRUN)
     assert wandb_identity(cfg) | {"tags": None} == wandb_identity(cfg) | {
-        "name": "3:trainer.gamma=0.9",
+        "name": "3:learner.gamma=0.9",
         "group": "sweep",
         "tags": None,
     }

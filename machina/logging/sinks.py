@@ -13,17 +13,36 @@ from pathlib import Path
 from typing import Any
 
 from machina.errors import ConfigError, Interrupted, TrainingStopped
+from machina.files import atomic_write
 
 log = logging.getLogger(__name__)
 
 
 class JsonlSink:
-    """Appends one JSON object per epoch to ``path`` and flushes it, so a killed run keeps every finished epoch."""
+    """Appends one JSON object per epoch to ``path`` and flushes it, so a killed run keeps every finished epoch.
 
-    def __init__(self, path: Path):
+    Opening it keeps the rows up to ``start_epoch`` (the epoch a resumed run continues from; 0 for a new run): the
+    resumed run writes the later epochs again, and a kill mid-write may have left a partial last line.
+    """
+
+    def __init__(self, path: Path, start_epoch: int = 0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keep_rows_until(start_epoch)
         self._file = self.path.open("a", encoding="utf-8")
+
+    def _keep_rows_until(self, epoch: int) -> None:
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("metric/epoch", 0) <= epoch:
+                kept.append(line + "\n")
+        atomic_write(self.path, lambda f: f.write("".join(kept).encode("utf-8")))
 
     def log(self, metrics: dict[str, float]) -> None:
         # JSON has no NaN; a metric without a value this epoch is written as null.

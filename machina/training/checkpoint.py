@@ -19,19 +19,17 @@ so the counters restore them. The experience buffer is not saved: at an epoch bo
 before it is read again.
 """
 
-import json
 import logging
-import os
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from machina import checksum, distributed
 from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
+from machina.files import atomic_write
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
 from machina.training.state import capture_rng, nonfinite, restore_rng
 
@@ -236,21 +234,6 @@ def checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), directory / m.group(0)) for m in found if m)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write through a temp file in the same folder, fsync, then ``os.replace``: a reader (or a resume after a kill)
-    sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def config_diff(old: Any, new: Any, prefix: str) -> list[str]:
     """``key: old -> new`` for every leaf that differs between two nested configs (``resume`` ignored)."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -279,19 +262,3 @@ def check_same_run(source: Path, run_dir: Path) -> None:
             "mix the two runs: continue into a new folder (hydra.run.dir=NEW_FOLDER), or drop resume= to continue "
             "this folder's own run"
         )
-
-
-def trim_metrics(path: Path, epoch: int) -> None:
-    """Keep the rows of ``metrics.jsonl`` up to ``epoch``: the resumed run writes the later epochs again, and a kill
-    mid-write may have left a partial last line."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("metric/epoch", 0) <= epoch:
-            kept.append(line + "\n")
-    atomic_write(path, lambda f: f.write("".join(kept).encode("utf-8")))

@@ -82,6 +82,8 @@ class Rollout:
         """Fill the buffer; return the number of agent steps taken."""
         exp, sw = self.experience, self.stopwatch
         exp.reset_for_rollout()
+        with sw.time("rollout.prepare"):
+            self.env.prepare_rollout(exp.batch_size // self.num_agents)
         for loss in self.losses.values():
             loss.on_rollout_start(progress)
         steps = 0

@@ -3,21 +3,22 @@
 import logging
 import math
 import signal
-import threading
 import time
 
 import torch
 from torch import nn
 
-from machina import distributed, keys
+from machina import distributed
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.training.checkpoint import Checkpointer
+from machina.training.epoch_metrics import buffer_metrics, episode_metrics, summarize
 from machina.training.experience import Experience
 from machina.training.learner import Learner
 from machina.training.periodic_eval import PeriodicEval
 from machina.training.rollout import Rollout
+from machina.training.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -283,77 +284,3 @@ def check_counts(**settings: tuple[int, int]) -> None:
     for name, (value, minimum) in settings.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"trainer.{name} must be an integer >= {minimum}, got {value!r}")
-
-
-class StopSignals:
-    """Within the ``with`` block, the first SIGINT or SIGTERM only records ``signum`` (the trainer checkpoints at
-    the end of the epoch and stops); the previous handlers are back from then on, so a second signal acts at once.
-    Only the main thread can install handlers; elsewhere signals keep their usual effect."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum = 0
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
-
-    def _handle(self, signum, frame) -> None:
-        self.signum = signum
-        self._restore()
-        log.warning(
-            "%s: finishing epoch, then checkpointing and stopping (Ctrl-C again abandons the epoch)",
-            signal.Signals(signum).name,
-        )
-
-    def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-
-def episode_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-episode means of the env's summed stats (NaN when no episode ended), plus the episode count."""
-    episodes = stats["episodes"]
-    out = {"env/episodes": episodes}
-    for name, total in stats.items():
-        if name != "episodes":
-            out[f"env/{name}"] = torch.where(episodes > 0, total / episodes.clamp(min=1), float("nan"))
-    return out
-
-
-def buffer_metrics(experience: Experience) -> dict[str, torch.Tensor]:
-    buffer = experience.buffer
-    out = {}
-    for key in (keys.REWARDS, keys.VALUES, keys.RATIO):
-        if key in buffer.keys():
-            out[f"experience/{key}_mean"] = buffer[key].float().mean()
-    return out
-
-
-def summarize(history: list[dict[str, float]]) -> dict[str, float]:
-    """Run summary for the W&B runs table and for sweepers, from the per-epoch ``history`` (which spans resumes).
-
-    ``summary/wall_time`` is the training time: the sum of the epochs' wall times (each epoch's steps / its
-    ``overview/sps``; start-up and periodic evaluation are not in it). ``summary/sps_mean`` is agent steps / that
-    time, the run's throughput: not the mean of the per-epoch rates, which overstates it when epochs vary.
-    Also final and best ``overview/reward`` (NaN when no episode ended), the fastest epoch and the agent steps.
-    """
-    rewards = [m["overview/reward"] for m in history if math.isfinite(m["overview/reward"])]
-    steps = [m["metric/agent_step"] for m in history]
-    before = [0, *steps][:-1]
-    seconds = sum((s - b) / m["overview/sps"] for b, s, m in zip(before, steps, history, strict=True))
-    return {
-        "summary/final_reward": rewards[-1] if rewards else float("nan"),
-        "summary/best_reward": max(rewards) if rewards else float("nan"),
-        "summary/sps_mean": steps[-1] / seconds if history else 0.0,
-        "summary/sps_max": max(m["overview/sps"] for m in history) if history else 0.0,
-        "summary/agent_steps": steps[-1] if history else 0,
-        "summary/wall_time": seconds,
-    }
