@@ -25,6 +25,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    # A misspelt option or key, or an unwritable run folder, stops here (exit 2), before Hydra makes a run folder.
+    # Keys that moved keep their old spelling; a misspelt option or key, or an unwritable run folder, stops here
+    # (exit 2), before Hydra makes a run folder.
+    sys.argv[1:] = preflight.renamed(sys.argv[1:])
     preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     main()

@@ -1,242 +1,25 @@
-"""Training benchmark: where the time goes, and how close end-to-end SPS gets to what the parts allow.
+"""``python -m machina.bench``: every benchmark behind one command (``machina/benchmarks/``).
 
-    python -m machina.bench [--epochs N] [--json] [HYDRA_OVERRIDE ...]
-    python -m machina.bench --compare policy.action_probs.emit_full_log_probs=false,true [HYDRA_OVERRIDE ...]
-    python -m machina.bench --overhead [--json] [HYDRA_OVERRIDE ...]     # launch overhead, machina/overhead.py
+    python -m machina.bench [--epochs N] [--compare KEY=A,B] [--json] [HYDRA_OVERRIDE ...]   training (default)
+    python -m machina.bench env [--ops] [--num-envs N ...] [--json]                         the built-in env
+    python -m machina.bench policy [--policies fast vit] [--json]                           policy alone
+    python -m machina.bench overhead [--json] [HYDRA_OVERRIDE ...]                          launch overhead
 
-For one configuration it measures, after a warm-up epoch:
-- ``sps``: end-to-end agent steps/s over whole epochs (rollout + update + the epoch's metric read);
-- ``env_sps``: the env alone stepping random actions; ``inference_sps``: the policy's rollout forward alone;
-- ``learner_sps``: agent steps of a full buffer trained per second (all update epochs);
-- ``ceiling_sps = 1 / (1/env_sps + 1/inference_sps + 1/learner_sps)``: what the parts allow run back to back, and
-  ``ceiling_ratio = sps / ceiling_sps`` (what the loop's own overhead leaves);
-- ``syncs_per_step``: host reads of tensors per rollout step (item/cpu/tolist/numpy/bool), the per-phase time
-  split, and peak memory.
-``--compare KEY=A,B`` builds both configurations in one process and alternates their epochs, so both see the same
-machine state; it prints each one's numbers and the SPS ratio B/A.
+``python -m machina.bench <mode> --help`` explains each.
 """
 
-import argparse
-import json
-import resource
 import sys
-import time
-from contextlib import contextmanager
-from pathlib import Path
 
-import torch
-from hydra import compose, initialize_config_dir
+from machina.benchmarks import env, overhead, policy, training
 
-from machina import keys, overhead, resolvers
-from machina.build import Parts, build, build_trainer
-from machina.losses.base import Progress
-from machina.policy.inputs import next_state, rollout_input
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
-SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__")
+MODES = {"env": env.main, "policy": policy.main, "overhead": overhead.main}
 
 
-def compose_config(overrides: list[str]):
-    resolvers.register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench"):
-        return compose(config_name="config", overrides=["wandb=disabled", *overrides])
-
-
-class Setup:
-    """One configuration, built once: its parts, a trainer without sinks, and its measured epochs."""
-
-    def __init__(self, overrides: list[str]):
-        self.overrides = overrides
-        self.cfg = compose_config(overrides)
-        self.parts: Parts = build(self.cfg)
-        self.trainer = build_trainer(self.cfg, self.parts, sinks=[])
-        self.epoch_seconds: list[float] = []
-        self.phases: dict[str, float] = {}
-
-    def epoch(self) -> None:
-        """One training epoch exactly as the trainer runs it (rollout, update, the epoch's metric read), timed end
-        to end."""
-        self.parts.system.apply_flags()
-        trainer = self.trainer
-        sync(self.parts.device)
-        start = time.perf_counter()
-        metrics = trainer.epoch_metrics(trainer.run_epoch(), seconds=1.0, sps_cumulative=0.0)
-        self.epoch_seconds.append(time.perf_counter() - start)
-        for key, seconds in metrics.items():
-            phase = key.removeprefix("timing/")
-            if phase != key and not phase.endswith("_frac") and phase != "epoch":
-                self.phases[phase] = self.phases.get(phase, 0.0) + seconds
-
-    def parts_rates(self, steps: int) -> dict[str, float]:
-        """env-only, inference-only and learner-only agent steps/s."""
-        parts, device = self.parts, self.parts.device
-        env, policy = parts.env, parts.policy
-        n = env.spec.num_agents
-        actions = torch.randint(0, env.spec.num_actions, (steps, n), device=device)
-        sync(device)
-        start = time.perf_counter()
-        for t in range(steps):
-            step = env.step(actions[t])
-        sync(device)
-        env_sps = steps * n / (time.perf_counter() - start)
-
-        step[keys.EPISODE_START] = torch.zeros(n, device=device)
-        state = policy.initial_state(n, device)
-        forward = self.trainer.rollout.forward  # the policy, or its CUDA graph under system.cuda_graphs
-        with torch.no_grad():
-            policy.eval()
-            start = time.perf_counter()
-            for _ in range(steps):
-                state = next_state(forward(rollout_input(step, state)), state)
-            sync(device)
-            inference_sps = steps * n / (time.perf_counter() - start)
-
-        trainer = self.trainer
-        trainer.policy.eval()
-        trainer.rollout.run(Progress(0, 1))
-        trainer.policy.train()
-        sync(device)
-        start = time.perf_counter()
-        trainer.learner.run(Progress(0, 1))
-        sync(device)
-        learner_sps = parts.experience.batch_size / (time.perf_counter() - start)
-        trainer.learner.pop_metrics()
-        trainer.stopwatch.pop()
-        return {"env_sps": env_sps, "inference_sps": inference_sps, "learner_sps": learner_sps}
-
-    def syncs_per_step(self) -> float:
-        trainer = self.trainer
-        reads: list[str] = []
-        with count_host_reads(reads):
-            trainer.rollout.run(Progress(0, 1))
-        steps = self.parts.experience.batch_size // self.parts.env.spec.num_agents
-        trainer.stopwatch.pop()
-        return len(reads) / steps
-
-    def result(self, rates: dict[str, float], syncs: float) -> dict:
-        sps = self.parts.experience.batch_size * len(self.epoch_seconds) / sum(self.epoch_seconds)
-        ceiling = 1.0 / sum(1.0 / rates[k] for k in ("env_sps", "inference_sps", "learner_sps"))
-        total = sum(self.phases.values()) or 1.0
-        return {
-            "overrides": self.overrides,
-            "device": str(self.parts.device),
-            "agents": self.parts.env.spec.num_agents,
-            "sps": sps,
-            **rates,
-            "ceiling_sps": ceiling,
-            "ceiling_ratio": sps / ceiling,
-            "syncs_per_step": syncs,
-            "peak_memory_mb": peak_memory_mb(self.parts.device),
-            "phases": {k: v / total for k, v in sorted(self.phases.items())},
-        }
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-@contextmanager
-def count_host_reads(reads: list[str]):
-    """Record every host read of a tensor made while the block runs (torch.optim's host step counter excepted)."""
-    saved = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
-
-    def counting(name):
-        def read(self, *args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            if "torch/optim/" not in caller.replace("\\", "/"):
-                reads.append(f"{name} at {caller}:{sys._getframe(1).f_lineno}")
-            return saved[name](self, *args, **kwargs)
-
-        return read
-
-    for name in SYNC_METHODS:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
-
-
-def table(results: list[dict]) -> str:
-    cols = ["sps", "env_sps", "inference_sps", "learner_sps", "ceiling_sps", "ceiling_ratio", "syncs_per_step"]
-    lines = [f"{'configuration':<48}" + "".join(f"{c:>15}" for c in cols)]
-    for r in results:
-        name = " ".join(r["overrides"]) or "(defaults)"
-        cells = [f"{r[c]:>15.3f}" if c in ("ceiling_ratio", "syncs_per_step") else f"{r[c]:>15,.0f}" for c in cols]
-        lines.append(f"{name[:48]:<48}" + "".join(cells))
-    for r in results:
-        split = ", ".join(f"{k} {v:.0%}" for k, v in r["phases"].items() if v >= 0.005)
-        lines.append(f"time split [{' '.join(r['overrides']) or 'defaults'}]: {split}")
-        lines.append(f"peak memory: {r['peak_memory_mb']:.0f} MB on {r['device']}, {r['agents']} agents")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. policy=vit env.num_envs=1024")
-    parser.add_argument("--epochs", type=int, default=3, help="measured epochs per configuration (after 1 warm-up)")
-    parser.add_argument("--steps", type=int, default=64, help="steps for the env-only and inference-only rates")
-    parser.add_argument("--compare", metavar="KEY=A,B", help="two values of one setting, measured alternately")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per configuration")
-    parser.add_argument(
-        "--overhead", action="store_true", help="host us and aten ops per rollout step and minibatch at one env"
-    )
-    args = parser.parse_args(argv)
-    if args.overhead:
-        return overhead_table(args.overrides, args.json)
-
-    if args.compare:
-        key, _, values = args.compare.partition("=")
-        variants = [[*args.overrides, f"{key}={v}"] for v in values.split(",")]
-        if len(variants) != 2 or not key:
-            parser.error("--compare takes KEY=A,B with exactly two values")
-    else:
-        variants = [args.overrides]
-    setups = [Setup(v) for v in variants]
-    for setup in setups:
-        setup.epoch()  # warm-up: first-touch allocations, thread pools, lazy init
-        setup.epoch_seconds.clear()
-        setup.phases.clear()
-    for _ in range(args.epochs):
-        for setup in setups:  # alternate, so a slow spell of the machine hits both configurations
-            setup.epoch()
-    results = [s.result(s.parts_rates(args.steps), s.syncs_per_step()) for s in setups]
-    if args.json:
-        for r in results:
-            print(json.dumps(r))
-    else:
-        print(table(results))
-        if len(results) == 2:
-            print(f"sps ratio {variants[1][-1]} / {variants[0][-1]}: {results[1]['sps'] / results[0]['sps']:.3f}")
-    return results
-
-
-def overhead_table(overrides: list[str], as_json: bool) -> list[dict]:
-    """``machina.overhead.measure`` for policy=fast and policy=vit (or the policy the overrides name)."""
-    policies = [[]] if any(o.startswith("policy=") for o in overrides) else [["policy=fast"], ["policy=vit"]]
-    results = []
-    cols = ("ops_per_step", "host_us_per_step", "ops_per_minibatch", "host_us_per_minibatch")
-    if not as_json:
-        print(f"{'configuration':<40}" + "".join(f"{c:>24}" for c in cols))
-    for policy in policies:
-        chosen = [*overhead.TINY, *policy, *overrides]
-        result = {"overrides": chosen, **overhead.measure(Setup(chosen).trainer)}
-        results.append(result)
-        if as_json:
-            print(json.dumps(result))
-        else:
-            print(
-                f"{' '.join([*policy, *overrides]) or '(defaults)':<40}" + "".join(f"{result[c]:>24,.1f}" for c in cols)
-            )
-    return results
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in MODES:
+        return MODES[argv[0]](argv[1:])
+    return training.main(argv)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,39 @@ from omegaconf import OmegaConf
 from machina.errors import ConfigError
 from machina.resolvers import register
 
+# Keys that moved (old spelling -> new), so the command lines users type keep working; each use prints a note.
+RENAMED = {
+    "trainer.update_epochs": "learner.update_epochs",
+    "trainer.max_grad_norm": "learner.max_grad_norm",
+    "trainer.gamma": "learner.gamma",
+    "trainer.gae_lambda": "learner.gae_lambda",
+    "trainer.vtrace_rho_clip": "learner.vtrace_rho_clip",
+    "trainer.vtrace_c_clip": "learner.vtrace_c_clip",
+    "evaluation": "trainer.evaluation",
+    "experience.sampling": "experience/sampler",
+    "experience.prio_alpha": "experience.sampler.alpha",
+    "experience.prio_beta0": "experience.sampler.beta0",
+    "losses.eer_kickstarter.teacher_checkpoint": "losses.eer_kickstarter.teacher.path",
+}
+
 # Sweeps whose values can be listed; interval() and glob() cannot be judged here.
 LISTED_SWEEPS = (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.RANGE_SWEEP)
+
+
+def renamed(argv: list[str]) -> list[str]:
+    """``argv`` with the keys of ``RENAMED`` (or keys under them) in their new spelling, a note on stderr for each."""
+    out = []
+    for arg in argv:
+        prefix = arg[: len(arg) - len(arg.lstrip("+~"))]
+        key, sep, value = arg[len(prefix) :].partition("=")
+        for old, new in RENAMED.items():
+            if key == old or key.startswith(old + "."):
+                moved = new + key[len(old) :]
+                print(f"note: {key} is now {moved}; taking it as such", file=sys.stderr)
+                arg = f"{prefix}{moved}{sep}{value}"
+                break
+        out.append(arg)
+    return out
 
 
 def check_or_exit(argv: list[str], config_dir: Path, config_name: str = "config") -> None:

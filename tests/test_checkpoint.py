@@ -29,11 +29,9 @@ from tests.conftest import ROOT, compose_config
 
 EPOCH = 512  # agent steps per epoch below: 8 envs x 4 agents x 16 steps
 TINY = [
+    "experiment=debug",
     "env.num_envs=8",
-    "env.max_steps=40",
     f"experience.batch_size={EPOCH}",
-    "experience.bptt_horizon=16",
-    "experience.minibatch_size=256",
     "policy.encoder.embed_dim=32",
     "policy.encoder.hidden=32",
     "policy.core.hidden_size=32",

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from machina import keys
-from machina.env.bench import count_host_reads, op_counts
+from machina.benchmarks.env import op_counts
+from machina.benchmarks.host_reads import count_host_reads
 from machina.env.machina_1 import Machina1Env
 
 # Issue 17, measured on the code before it at 4 envs on the accelerator reset path: 769 aten ops per step without the

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from machina import preflight
 from machina.errors import ConfigError
 from machina.preflight import check
 from tests.conftest import CONF, run_train
@@ -42,8 +43,6 @@ def test_a_misspelt_group_option_lists_the_options_and_the_closest(argv, wrong, 
         (["sytem.seed=3"], "system.seed"),  # a misspelt parent
         (["seed=3"], "system.seed"),  # a key with that name elsewhere
         (["-m", "learner.gama=0.9,0.99"], "learner.gamma"),
-        (["trainer.update_epochs=3"], "learner.update_epochs"),  # moved to the learner group (README: migration)
-        (["experience.sampling=prioritized"], "experience.sampler"),
         (["-m", "optimizer.lrr=interval(0.0001,0.01)"], "optimizer.lr"),
         (["policy=vit", "policy.encoder.num_latent=4"], "policy.encoder.num_latents"),  # a key of the chosen option
     ],
@@ -106,3 +105,24 @@ def test_train_py_exits_2_with_the_message_and_creates_nothing(tmp_path, wandb_d
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith(f"ConfigError: {args[0]}: ") and message in line
         assert list(tmp_path.iterdir()) == []  # no run folder, no outputs/, no W&B files
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("trainer.update_epochs=3", "learner.update_epochs=3"),
+        ("-m", "-m"),
+        ("trainer.gamma=0.9,0.99", "learner.gamma=0.9,0.99"),
+        ("evaluation.episodes=8", "trainer.evaluation.episodes=8"),
+        ("experience.sampling=prioritized", "experience/sampler=prioritized"),
+        ("experience.prio_alpha=0.5", "experience.sampler.alpha=0.5"),
+        ("losses.eer_kickstarter.teacher_checkpoint=/t.pt", "losses.eer_kickstarter.teacher.path=/t.pt"),
+        ("++trainer.vtrace_c_clip=2", "++learner.vtrace_c_clip=2"),
+        ("trainer.total_timesteps=10", "trainer.total_timesteps=10"),
+        ("trainer.gamma_extra=1", "trainer.gamma_extra=1"),  # only whole keys move
+    ],
+)
+def test_moved_keys_keep_their_old_spelling(old, new, capsys):
+    assert preflight.renamed([old]) == [new]
+    note = capsys.readouterr().err
+    assert (f"is now {new.split('=')[0].lstrip('+')}" in note) == (old != new)

@@ -10,14 +10,7 @@ from machina.policy.inputs import rollout_input, training_input
 from machina.training.advantage import agent_major
 from tests.conftest import compose_config
 
-TINY = [
-    "env.num_envs=8",
-    "env.max_steps=12",
-    "experience.batch_size=1024",
-    "experience.bptt_horizon=8",
-    "experience.minibatch_size=256",
-    "wandb=disabled",
-]
+TINY = ["experiment=debug", "env.num_envs=8", "env.max_steps=12", "experience.bptt_horizon=8", "wandb=disabled"]
 TEACHER_LED = [
     ["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=0.5"],
     ["losses=[sliced_scripted_cloner,ppo]", "losses.sliced_scripted_cloner.teacher_led_proportion=0.4"],

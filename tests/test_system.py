@@ -84,8 +84,7 @@ def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     from machina.policy.inputs import rollout_input
     from tests.conftest import compose_config
 
-    overrides = ["env.num_envs=4", "experience.batch_size=512", "experience.bptt_horizon=16"]
-    overrides.append("experience.minibatch_size=256")
+    overrides = ["experiment=debug", "env.num_envs=4", "experience.batch_size=512"]
     compiled = build(compose_config([*overrides, "system.compile=true"])).policy
     cfg = compose_config(overrides)
     env = instantiate(cfg.env)

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from machina.bench import count_host_reads
+from machina.benchmarks.host_reads import count_host_reads
 from machina.build import build, build_trainer
 from machina.cli import report_errors, resume_command
 from machina.env.machina_1 import Machina1Env
@@ -32,23 +32,17 @@ from tests.conftest import ROOT, compose_config, run_train
 from tests.wandb_reader import find_runs, read_run
 
 # The seconds-long run of experiment=debug (experiments/debug.yaml), written out so other tests can vary it.
-TINY = [
-    "env.num_envs=16",
-    "env.max_steps=40",
-    "experience.batch_size=1024",
-    "experience.bptt_horizon=16",
-    "experience.minibatch_size=256",
-    "trainer.total_timesteps=3072",
-]
+# The tiny run every test builds on: experiment=debug (experiments/debug.yaml), 3 epochs of 1,024 agent steps.
+TINY = ["experiment=debug"]
 
 
-def test_the_debug_preset_is_the_tiny_run():
-    debug, tiny = compose_config(["experiment=debug"]), compose_config(TINY)
-    assert debug == tiny
-    assert debug.system.torch_deterministic is False  # machina_1's recipe, only smaller
+def test_the_debug_preset_is_a_seconds_long_run_of_the_recipe():
+    debug, recipe = compose_config(TINY), compose_config([])
+    assert debug.trainer.total_timesteps == 3 * debug.experience.batch_size == 3072
+    assert debug.env.num_envs * debug.env.agents_per_env * debug.experience.bptt_horizon == 1024
+    assert debug.losses == recipe.losses and debug.policy == recipe.policy  # only sizes change
 
 
-@pytest.mark.slow
 def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dirs):
     run_dir = tmp_path / "run"
     result = run_train(["experiment=debug", f"hydra.run.dir={run_dir}"])

@@ -2,5 +2,5 @@
 
 Components: ``TokenBagEncoder`` (bag_encoder.py, policy=fast) or ``PerceiverEncoder`` (perceiver.py, policy=vit),
 ``LSTMCore`` (lstm_core.py), ``ActorHead`` / ``CriticHead`` (heads.py), then ``ActionProbs`` (action_probs.py).
-``python -m machina.policy.bench`` measures their throughput.
+``python -m machina.bench policy`` measures their throughput.
 """

@@ -1,10 +1,10 @@
 """Env-only throughput of Machina1Env: agent-steps per second for several num_envs, with and without the teacher; and
 (``--ops``) the cost of one ``env.step`` in aten ops, host microseconds and host reads.
 
-    python -m machina.env.bench                       # human table, cpu, num_envs 64 256 1024 4096
-    python -m machina.env.bench --json --num-envs 1024 --steps 200
-    python -m machina.env.bench --device cuda
-    python -m machina.env.bench --ops                 # aten ops / host us / host reads per step at 4 envs
+    python -m machina.bench env                       # human table, cpu, num_envs 64 256 1024 4096
+    python -m machina.bench env --json --num-envs 1024 --steps 200
+    python -m machina.bench env --device cuda
+    python -m machina.bench env --ops                 # aten ops / host us / host reads per step at 4 envs
 
 Actions are random ids drawn on the device before timing (a pool of batches reused round-robin), so drawing them
 costs nothing in the timed loop. Each configuration runs ``--warmup`` steps, then ``--repeats`` rounds of
@@ -21,18 +21,15 @@ and Python-level host reads of tensors (``count_host_reads``). Op and read count
 import argparse
 import json
 import statistics
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from machina.benchmarks.host_reads import count_host_reads
 from machina.env.machina_1 import Machina1Env
 
 POOL = 16  # random action batches, cycled
-HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
 def measure(num_envs: int, teacher: bool, steps: int, repeats: int, warmup: int, device: str, seed: int) -> dict:
@@ -104,29 +101,6 @@ def action_pool(env: Machina1Env, seed: int) -> torch.Tensor:
     return torch.randint(0, env.num_actions, (POOL, env.num_agents), generator=gen, device=env.device)
 
 
-@contextmanager
-def count_host_reads(reads: list[str]) -> Iterator[None]:
-    """Append ``"<method> at <file>:<line>"`` to ``reads`` for every Python-level read of a tensor's value on the
-    host (``HOST_READS``: ``.item()``, ``bool(t)``, ``int(t)``, ``t`` as an index, ...) made while the block runs."""
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-    def counting(name):
-        def read(self, *args, **kwargs):
-            caller = sys._getframe(1)
-            reads.append(f"{name} at {caller.f_code.co_filename}:{caller.f_lineno}")
-            return saved[name](self, *args, **kwargs)
-
-        return read
-
-    for name in HOST_READS:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, nargs="+", default=None, help="envs per run (--ops: 4)")
@@ -165,7 +139,3 @@ def main(argv: list[str] | None = None) -> None:
         print(header + "  device")
     for r in results:
         print(json.dumps(r) if args.json else row.format(**r), flush=True)
-
-
-if __name__ == "__main__":
-    main()

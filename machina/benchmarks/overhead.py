@@ -1,6 +1,6 @@
 """Launch overhead: host microseconds and aten ops per rollout step and per minibatch, at a tiny batch.
 
-    python -m machina.bench --overhead [--json] [HYDRA_OVERRIDE ...]
+    python -m machina.bench overhead [--json] [HYDRA_OVERRIDE ...]
 
 At the batch sizes where a GPU is fastest, a step's time is bounded by Python work and kernel launches, not
 arithmetic; on a GPU every aten op is at least one kernel launch. Both can be measured on a CPU with a tiny batch
@@ -16,6 +16,8 @@ bootstrap forward is spread over its steps); a minibatch is one learner pass's s
 sampling, forward, losses, backward, clip, optimizer step).
 """
 
+import argparse
+import json
 import time
 
 import torch
@@ -71,3 +73,29 @@ def measure(trainer) -> dict[str, float]:
         }
     finally:
         torch.set_num_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """``measure`` for policy=fast and policy=vit (or the policy the overrides name), on one env."""
+    from machina.benchmarks.training import Setup
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. losses=[ppo,supervisor]")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per configuration")
+    args = parser.parse_args(argv)
+    named = any(o.startswith("policy=") for o in args.overrides)
+    policies = [[]] if named else [["policy=fast"], ["policy=vit"]]
+    cols = ("ops_per_step", "host_us_per_step", "ops_per_minibatch", "host_us_per_minibatch")
+    if not args.json:
+        print(f"{'configuration':<40}" + "".join(f"{c:>24}" for c in cols))
+    results = []
+    for policy in policies:
+        chosen = [*TINY, *policy, *args.overrides]
+        result = {"overrides": chosen, **measure(Setup(chosen).trainer)}
+        results.append(result)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            name = " ".join([*policy, *args.overrides]) or "(defaults)"
+            print(f"{name:<40}" + "".join(f"{result[c]:>24,.1f}" for c in cols))
+    return results

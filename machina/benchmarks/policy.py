@@ -1,8 +1,8 @@
 """Policy throughput on synthetic token observations: rollout inference and training forward + backward.
 
-    python -m machina.policy.bench                 # table
-    python -m machina.policy.bench --json          # one JSON object per measured configuration
-    python -m machina.policy.bench --policies fast --agents 1024
+    python -m machina.bench policy                 # table
+    python -m machina.bench policy --json          # one JSON object per measured configuration
+    python -m machina.bench policy --policies fast --agents 1024
 
 Rollout: ``policy(td)`` under ``torch.inference_mode`` on N agents, T = 1 (sampling included), in agents/s.
 Training: forward with stored actions on [segments, bptt] plus backward of a loss on every output, in samples/s.
@@ -100,7 +100,7 @@ def bench_training(policy: torch.nn.Module, spec: ObsSpec, args: argparse.Namesp
     return {"mode": "train", "batch": b * t, "bptt": t, "ms_per_call": 1e3 * seconds, "per_s": b * t / seconds}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", nargs="+", default=["fast", "vit"])
     parser.add_argument("--agents", type=int, default=4096, help="rollout batch N (T = 1)")
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -138,7 +138,3 @@ def main() -> None:
                     f"{result['ms_per_call']:>10.1f}{result['per_s']:>12,.0f}  {unit}",
                     flush=True,
                 )
-
-
-if __name__ == "__main__":
-    main()
