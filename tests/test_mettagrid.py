@@ -47,7 +47,9 @@ def test_random_actions_give_well_formed_tokens_and_episodes_reset():
         loc, feature = obs[~pad][:, 0].long(), obs[~pad][:, 1].long()
         assert ((loc >> 4) < spec.obs.window).all() and ((loc & 15) < spec.obs.window).all()
         assert (feature < spec.obs.num_features).all()
-        assert set(td.keys()) == {keys.OBS, keys.REWARDS, keys.TERMINATED, keys.TRUNCATED}
+        outcome = {keys.OBS, keys.REWARDS, keys.TERMINATED, keys.TRUNCATED}
+        # The time limit is not observed, so a step that truncates hands the final observations for bootstrapping.
+        assert set(td.keys()) == outcome | ({keys.FINAL_OBS} if td[keys.TRUNCATED].any() else set())
         td = env.step(torch.randint(0, spec.num_actions, (n,), generator=gen))
         assert td[keys.REWARDS].dtype == torch.float32 and td[keys.TRUNCATED].dtype == torch.bool
         truncations += td[keys.TRUNCATED]
@@ -69,11 +71,26 @@ def test_mining_and_converting_yield_a_heart_and_its_reward():
     rewards = [env.step(torch.full((2,), a))[keys.REWARDS] for a in (west, west, east, east)]
     # Two uses of the mine (the agent stays put), one step east, then using the converter makes a heart.
     assert all((r == 0).all() for r in rewards[:3]) and (rewards[3] == 1.0).all()
-    for _ in range(16):
-        td = env.step(torch.zeros(2, dtype=torch.int64))
-    assert td[keys.TRUNCATED].all()
+    steps = [env.step(torch.zeros(2, dtype=torch.int64)) for _ in range(16)]
+    before, td = steps[-2:]
+    assert td[keys.TRUNCATED].all() and not before[keys.TRUNCATED].any() and keys.FINAL_OBS not in before.keys()
+    # Standing still, the final observation shows the same cells as the step before (the agent one cell east of its
+    # start); the new episode's first observation has it back at the start, so the cells it sees differ.
+    centre = env.centre
+
+    def cells(obs):
+        return obs[0][obs[0, :, 0] != centre]
+
+    assert torch.equal(cells(td[keys.FINAL_OBS]), cells(before[keys.OBS]))
+    assert not torch.equal(cells(td[keys.OBS]), cells(before[keys.OBS]))
     stats = {k: float(v) for k, v in env.episode_stats().items()}
     assert stats == {"episodes": 2, "return": 2.0, "length": 40, "hearts_made": 2, "resources_gathered": 4}
+    last = env.last_episodes()
+    assert (
+        last["episodes"].tolist() == [1, 1]
+        and last["return"].tolist() == [1, 1]
+        and last["length"].tolist() == [20, 20]
+    )
 
 
 @pytest.mark.parametrize("loss", ["supervisor", "sliced_scripted_cloner", "eer_cloner"])

@@ -10,7 +10,7 @@ from PIL import Image
 
 from machina.compare import main as compare
 from machina.run_folders import find_run_dirs
-from tests.conftest import run_train
+from tests.conftest import preset_overrides, run_train
 from tests.test_train import TINY as TRAIN_TINY
 from tests.wandb_reader import find_runs, read_run, records
 
@@ -76,7 +76,7 @@ def test_two_by_two_sweep_groups_names_tags_config_summary_and_comparison(tmp_pa
         assert emitted["policy"]["action_probs"]["emit_full_log_probs"] is multi
         assert run["config"]["policy"]["action_probs"]["emit_full_log_probs"] is multi
         tags = set(run["run"].tags)
-        assert {"loss:ppo", "policy:fast", "env:machina_1", "experiment:machina_1"} <= tags
+        assert {"loss:ppo", "policy:fast", "env:machina_1", "experiment:debug"} <= tags
         assert ("loss:supervisor" in tags) is multi
         assert run["run"].job_type == ("ppo+supervisor" if multi else "ppo")
     assert [("deterministic:true" in run["run"].tags) for _, run in runs] == [True, False, True, False]
@@ -130,7 +130,9 @@ def test_submitit_local_launcher(tmp_path, capsys):
 @pytest.mark.slow
 def test_optuna_preset_maximises_the_chosen_objective(tmp_path, capsys):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    args = ["experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean", *TINY]
+    # The Optuna preset with the debug preset's sizes (one experiment option per run).
+    tiny = [*preset_overrides("debug"), "trainer.total_timesteps=2048"]
+    args = ["experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean", *tiny]
     folder, _, rows = sweep(tmp_path, capsys, [*args, "wandb=disabled"])
     assert [row["status"] for row in rows] == ["ok", "ok"]
     assert all(any(o.startswith("optimizer.lr=") for o in row["overrides"]) for row in rows)

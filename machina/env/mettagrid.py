@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.env.base import Env
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError
 
@@ -32,12 +33,13 @@ SEED_STRIDE = 1_000_000  # map / simulation seeds of env e are base_e + episode,
 INSTALL_HINT = "env=mettagrid_arena needs the mettagrid extra: pip install -e '.[mettagrid]'"
 
 
-class MettaGridArenaEnv:
+class MettaGridArenaEnv(Env):
     """E MettaGrid envs of ``agents_per_env`` agents each; see the module docstring and ``mettagrid_game.py``.
 
     ``map_rows``: a fixed ASCII map (border included; '#' wall, '.' empty, '@' agent, 'm' mine, 'c' converter) for
     every episode instead of random maps (tests, hand-made levels). ``teacher`` is accepted for the common
-    constructor signature; this env provides no teacher actions (``spec.provides_teacher`` is False).
+    constructor signature; this env provides no teacher actions (``spec.provides_teacher`` is False). ``stagger``
+    False plays whole first episodes (evaluation).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class MettaGridArenaEnv:
         seed: int = 0,
         device: str | torch.device = "cpu",
         teacher: bool = False,
+        stagger: bool = True,
     ):
         try:
             from mettagrid.simulator.simulator import Buffers, Simulation
@@ -71,7 +74,7 @@ class MettaGridArenaEnv:
         self.device = torch.device(device)
         self.num_envs, self.agents_per_env, self.max_steps = num_envs, agents_per_env, max_steps
         self.num_agents = e_a = num_envs * agents_per_env
-        self.seed, self.map_rows = seed, map_rows
+        self.seed, self.map_rows, self.stagger = seed, map_rows, stagger
         cfg = game.arena_config(
             agents_per_env, height, width, walls, mines, converters, ore_per_heart, inventory_cap, heart_reward,
             max_steps, max_tokens, window, list(map_rows) if map_rows else None,
@@ -127,7 +130,9 @@ class MettaGridArenaEnv:
 
         actions: int64 (or int32) [N], ids in [0, num_actions). Returns a TensorDict, batch [N], on ``device``: OBS
         uint8 [N, M, 3], REWARDS float32 [N], TERMINATED bool [N], TRUNCATED bool [N] (see the module docstring for
-        ended episodes). No TEACHER_ACTIONS.
+        ended episodes), and FINAL_OBS uint8 [N, M, 3] on steps where some agent was truncated (the observation
+        each agent saw when its episode ended; rows of other agents are their current observation). No
+        TEACHER_ACTIONS.
         """
         if actions.shape != (self.num_agents,) or actions.dtype not in (torch.int64, torch.int32):
             got = f"{actions.dtype} {list(actions.shape)}"
@@ -145,9 +150,14 @@ class MettaGridArenaEnv:
         rewards, terminated, truncated = (self.buf[k].clone() for k in ("rewards", "terminals", "truncations"))
         self.ep_return += rewards.view(self.num_envs, -1).sum(1).double().numpy()
         done = (terminated | truncated).view(self.num_envs, -1).all(1).tolist()
+        # The final observations, read before the ended envs' new episodes overwrite the batch arrays.
+        final = self._tokens() if bool(truncated.any()) else None
         for e in (e for e, d in enumerate(done) if d):
             self._end_episode(e)
-        return self._output(rewards, terminated, truncated)
+        out = self._output(rewards, terminated, truncated)
+        if final is not None:
+            out[keys.FINAL_OBS] = final.to(self.device, non_blocking=True)
+        return out
 
     def episode_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the env-episodes that ended since the last call, as 0-d float32 tensors on the device:
@@ -157,6 +167,11 @@ class MettaGridArenaEnv:
         totals = torch.tensor(self.totals, dtype=torch.float32, device=self.device)
         self.totals[:] = 0
         return {name: totals[i] for i, name in enumerate(STAT_NAMES)}
+
+    def last_episodes(self) -> dict[str, torch.Tensor]:
+        """Per env, float32 [E]: ``episodes`` ended since ``reset`` and the other stats of its latest episode."""
+        last = torch.tensor(self.last, dtype=torch.float32, device=self.device)
+        return {name: last[:, i] for i, name in enumerate(STAT_NAMES)}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Episode counters and stat sums. MettaGrid's C++ state is not saved: a restored env starts new episodes
@@ -177,10 +192,11 @@ class MettaGridArenaEnv:
         # Staggered first episodes, as in Machina1Env: lengths in [1, max_steps], spread evenly over the envs.
         rng = np.random.default_rng(self.seed)
         self.first_len = rng.permutation(self.num_envs) % self.max_steps + 1
-        if self.map_rows is not None:
-            self.first_len[:] = 0  # hand-made maps: whole episodes (step counters start at 1, so 0 never ends one)
+        if self.map_rows is not None or not self.stagger:
+            self.first_len[:] = 0  # whole episodes (step counters start at 1, so 0 never ends one)
         self.ep_return = np.zeros(self.num_envs)
         self.totals = np.zeros(len(STAT_NAMES))
+        self.last = np.zeros((self.num_envs, len(STAT_NAMES)))  # per env: episodes ended, then its latest stats
         for e in range(self.num_envs):
             self._start_episode(e)
 
@@ -198,16 +214,22 @@ class MettaGridArenaEnv:
         sim = self.sims[e]
         agents = sim.episode_stats["agent"]
         made, mined = (sum(a.get(k, 0.0) for a in agents) for k in self.stat_keys)
-        self.totals += (1.0, self.ep_return[e] / self.agents_per_env, sim.current_step, made, mined)
+        stats = (1.0, self.ep_return[e] / self.agents_per_env, sim.current_step, made, mined)
+        self.totals += stats
+        self.last[e] = (self.last[e, 0] + 1, *stats[1:])
         self.first_len[e] = 0  # later episodes run to max_steps
         self._start_episode(e)
 
-    def _output(self, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
+    def _tokens(self) -> torch.Tensor:
+        """The batch arrays' observations with global tokens moved to the centre: uint8 [N, M, 3] on the host."""
         # A copy, since the next step overwrites the batch arrays; numpy's, since torch's multi-threaded copy of
         # this small array was 30x slower on a loaded 2-core machine.
         obs = self.obs.numpy().copy()
         loc = obs[..., 0]
         loc[loc == GLOBAL_LOCATION] = self.centre
-        obs = torch.from_numpy(obs)
+        return torch.from_numpy(obs)
+
+    def _output(self, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
+        obs = self._tokens()
         out = {keys.OBS: obs, keys.REWARDS: rewards, keys.TERMINATED: terminated, keys.TRUNCATED: truncated}
         return TensorDict(out, batch_size=[self.num_agents]).to(self.device, non_blocking=True)
