@@ -72,7 +72,13 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
     stopwatch = Stopwatch()
     rollout = Rollout(env, policy, losses, experience, stopwatch, cuda_graphs=system.cuda_graphs)
     learner = instantiate(
-        cfg.learner, policy=policy, losses=losses, experience=experience, optimizer=optimizer, stopwatch=stopwatch
+        cfg.learner,
+        policy=policy,
+        losses=losses,
+        experience=experience,
+        optimizer=optimizer,
+        stopwatch=stopwatch,
+        compile=system.compile,
     )
     return Parts(system, device, env, policy, losses, experience, optimizer, rollout, learner)
 

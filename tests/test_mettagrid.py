@@ -101,6 +101,25 @@ def test_losses_that_need_teacher_actions_are_refused(loss):
         build(cfg)
 
 
+def test_a_restored_rollout_acts_on_the_new_episodes_the_env_started():
+    """MettaGrid's engine state is not saved, so a restored env starts new episodes: the rollout must act on their
+    first observations with fresh recurrent state, not on the saved observation of an episode that is gone."""
+    pytest.importorskip("mettagrid")
+    from machina.build import build_trainer
+
+    cfg = compose_config(["env=mettagrid_arena", *TINY, "wandb=disabled"])
+    first = build_trainer(cfg, build(cfg), sinks=[])
+    first.rollout.run(first.progress)
+    saved = first.local_state_dict()
+    restored = build_trainer(cfg, build(cfg), sinks=[])
+    restored.load_local_state_dict(saved)
+    step = restored.rollout.step_td
+    assert not torch.equal(first.rollout.step_td[keys.OBS], restored.env.observe()[keys.OBS])  # what was saved
+    assert torch.equal(step[keys.OBS], restored.env.observe()[keys.OBS]) and (step[keys.EPISODE_START] == 1).all()
+    assert all((value == 0).all() for value in restored.rollout.state.values())
+    restored.rollout.run(restored.progress)  # and it trains on from there
+
+
 @pytest.mark.slow
 def test_short_training_run_writes_metrics(tmp_path):
     pytest.importorskip("mettagrid")

@@ -27,6 +27,10 @@ class Env:
 
     spec: EnvSpec
     device: torch.device
+    # True: ``state_dict`` holds the live episodes and a restored env continues them. False (an env whose engine's
+    # state cannot be saved): ``load_state_dict`` starts new episodes, so a restored rollout acts on ``observe()``
+    # with fresh recurrent state instead of its saved observation.
+    continues_episodes: bool = True
 
     def reset(self) -> TensorDict:
         """Start every env afresh; return the first observations (zero rewards, no episode ends)."""

@@ -42,6 +42,8 @@ class MettaGridArenaEnv(Env):
     False plays whole first episodes (evaluation).
     """
 
+    continues_episodes = False  # MettaGrid's C++ state is not saved: a restored env starts new episodes
+
     def __init__(
         self,
         num_envs: int = 64,

@@ -2,7 +2,8 @@
 
 Per update epoch: advantages over every agent's whole rollout (V-trace ratios from the previous pass), then the
 sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms,
-backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``. Metrics stay on the device and are
+backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``; with ``compile`` (``system.compile``)
+that whole update is one ``torch.compile``d function, timed as ``train.update``. Metrics stay on the device and are
 summed; the trainer reads them once per epoch. Under torchrun the forward goes through DDP
 (``machina.distributed.wrap``), which averages the gradients over the ranks during backward.
 """
@@ -52,6 +53,7 @@ class Learner:
         vtrace_rho_clip: float = 1.0,
         vtrace_c_clip: float = 1.0,
         target_kl: float | None = None,
+        compile: bool = False,
     ):
         if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
             raise ConfigError(f"learner.update_epochs must be an integer >= 1, got {update_epochs!r}")
@@ -71,12 +73,19 @@ class Learner:
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.rho_bar, self.c_bar = vtrace_rho_clip, vtrace_c_clip
         self.lr_schedule, self.target_kl = lr_schedule, target_kl
-        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         seg, horizon = experience.minibatch_segments, experience.bptt_horizon
         self._ones = torch.ones(seg, horizon, device=experience.device)
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
+        self.compiled_update = None
+        if compile:
+            # The scheduled learning rate lives in a tensor the compiled optimizer step reads: a Python float would be
+            # a constant of its graph, recompiled every epoch.
+            for group in optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=experience.device)
+            self.compiled_update = torch.compile(self._update)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}
@@ -95,7 +104,10 @@ class Learner:
         buffer = exp.buffer
         multiplier = self.lr_schedule(progress.fraction)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * multiplier
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(base * multiplier)
+            else:
+                group["lr"] = base * multiplier
         self.once["train/lr"] = self.base_lrs[0] * multiplier
         passes = 0
         for update in range(self.update_epochs):
@@ -115,27 +127,56 @@ class Learner:
                     minibatch[keys.ADVANTAGES] = advantages[idx]
                     minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
                     state = exp.row_state[idx]
-                with sw.time("train.forward"):
-                    policy_out = self.model(training_input(stored, state))
-                    total, kl = self._losses(minibatch, policy_out, progress)
-                    kl_sum += kl
-                    if self.model is not self.policy:
-                        total = total + distributed.zero_term(self.policy)
-                with sw.time("train.backward"):
-                    total.backward()
-                with sw.time("train.optimizer"):
-                    grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self._add("train/grad_norm", grad_norm)
-                    # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
-                    new_log_prob = policy_out[keys.ACT_LOG_PROB].detach()
-                    buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
+                if self.compiled_update is None:
+                    new_log_prob, kl = self._update_timed(stored, minibatch, state, progress)
+                else:
+                    with sw.time("train.update"):
+                        new_log_prob, kl = self.compiled_update(stored, minibatch, state, progress)
+                kl_sum += kl
+                # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
+                buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
                 self.minibatches += 1
             passes += 1
             if self.target_kl is not None and float(kl_sum) / exp.num_minibatches > self.target_kl:
                 break  # the one host read of an update pass, only with target_kl set
         self.once["train/update_passes"] = float(passes)
+
+    def _update_timed(
+        self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One minibatch's update, eager, with its phases timed apart; returns (new act_log_prob [S, T], kl)."""
+        with self.stopwatch.time("train.forward"):
+            policy_out, total, kl = self._forward(stored, minibatch, state, progress)
+        with self.stopwatch.time("train.backward"):
+            total.backward()
+        with self.stopwatch.time("train.optimizer"):
+            self._step()
+        return policy_out[keys.ACT_LOG_PROB].detach(), kl
+
+    def _update(
+        self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One minibatch's whole update (forward, losses, backward, clip, optimizer step) in one function, which
+        ``torch.compile`` turns into graphs (forward and losses with their backward, then clip and step)."""
+        policy_out, total, kl = self._forward(stored, minibatch, state, progress)
+        total.backward()
+        self._step()
+        return policy_out[keys.ACT_LOG_PROB].detach(), kl
+
+    def _forward(
+        self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
+    ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+        policy_out = self.model(training_input(stored, state))
+        total, kl = self._losses(minibatch, policy_out, progress)
+        if self.model is not self.policy:
+            total = total + distributed.zero_term(self.policy)
+        return policy_out, total, kl
+
+    def _step(self) -> None:
+        grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._add("train/grad_norm", grad_norm)
 
     def _advantages(self, buffer: TensorDict) -> torch.Tensor:
         """float32 [S, T]: advantages over each agent's whole rollout, in the buffer's segment layout."""

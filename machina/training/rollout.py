@@ -66,8 +66,15 @@ class Rollout:
         return {"step": pack(self.step_td), "state": pack(self.state)}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Continue from ``saved``. Keys the env emits now but did not then (a teacher switched on by a loss added on
-        resume) come from the env's current observation."""
+        """Continue from ``saved`` (after the env's own ``load_state_dict``). Keys the env emits now but did not then
+        (a teacher switched on by a loss added on resume) come from the env's current observation. An env that
+        started new episodes on load (``continues_episodes`` False) is acted on from its first observations with
+        fresh recurrent state: the saved ones belong to episodes that no longer exist."""
+        if not self.env.continues_episodes:
+            start = torch.ones(self.num_agents, dtype=torch.bool, device=self.device)
+            self.step_td = self._next_step(self.env.observe(), start)
+            self.state = self.policy.initial_state(self.num_agents, self.device)
+            return
         step = unpack(saved["step"], self.device)
         missing = [key for key in self.step_td.keys() if key not in step.keys()]
         if missing:
