@@ -5,6 +5,7 @@ each injected into the next; ``build_trainer`` puts the two phases into the epoc
 folder, sinks, checkpoints and evaluation; benchmarks and tests build the same parts here.
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from machina.training.experience import Experience, trajectory_spec
 from machina.training.learner import Learner
 from machina.training.rollout import Rollout
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Parts:
@@ -38,7 +41,14 @@ class Parts:
 
 def build(cfg: DictConfig, rank: int = 0) -> Parts:
     """Instantiate every part of the experiment; the config is read, never mutated."""
-    system = instantiate(cfg.system, rank=rank)
+    system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
+    if cfg.system.compile == "auto":
+        reach = ">=" if cfg.trainer.total_timesteps >= cfg.system.compile_min_timesteps else "<"
+        log.info(
+            "system.compile=auto: %s (trainer.total_timesteps %s system.compile_min_timesteps)",
+            "compiling the policy and the update" if system.compile else "eager",
+            reach,
+        )
     device = distributed.rank_device(system.apply())
     losses = build_losses(cfg.losses)
     needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())

@@ -1,7 +1,10 @@
-"""Process-wide torch settings: seeding, device choice, determinism, threads and TF32."""
+"""Process-wide torch settings: seeding, device choice, determinism, threads, TF32 and compilation."""
 
+import importlib.util
 import os
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,8 +22,14 @@ class System:
             a fixed CUBLAS workspace; false turns cudnn benchmark on (faster kernels, run-to-run noise).
         threads: torch intra-op threads; 0 keeps torch's default.
         tf32: allow TF32 matmuls and convolutions on Ampere+ GPUs.
-        compile: ``torch.compile`` the policy in place (the first epoch pays the compilation, tens of seconds).
-            On a 2-core CPU it made ``policy=fast`` training 1.2x faster side by side (BENCHMARKS.md).
+        compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
+            "auto": on for runs of at least ``compile_min_timesteps`` agent steps (``total_timesteps``) where a
+            compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
+            compilation (about 2-3 minutes cold on a 2-core CPU, under half a minute from the cache, which is kept
+            in ``~/.cache/machina/inductor`` across runs unless ``TORCHINDUCTOR_CACHE_DIR`` is set); then training
+            runs 1.3-1.6x faster there (BENCHMARKS.md).
+        compile_min_timesteps: the run length from which "auto" compiles.
+        total_timesteps: the run's length (``trainer.total_timesteps``), for "auto".
         cuda_graphs: capture the rollout's policy forward as a CUDA graph and replay it every step
             (``machina/training/cuda_graph.py``); needs a CUDA device.
         rank: the distributed rank, added to the seed.
@@ -33,7 +42,9 @@ class System:
         torch_deterministic: bool = False,
         threads: int = 0,
         tf32: bool = True,
-        compile: bool = False,
+        compile: bool | str = False,
+        compile_min_timesteps: int = 20_000_000,
+        total_timesteps: int = 0,
         cuda_graphs: bool = False,
         rank: int = 0,
     ):
@@ -46,7 +57,11 @@ class System:
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
         self.tf32 = bool(tf32)
-        self.compile = bool(compile)
+        if compile not in (True, False, "auto"):
+            raise ConfigError(f"system.compile must be true, false or auto, got {compile!r}")
+        if compile == "auto":
+            compile = total_timesteps >= compile_min_timesteps and compiler_present(self.device)
+        self.compile = compile
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
@@ -74,6 +89,16 @@ class System:
         torch.backends.cudnn.benchmark = not self.torch_deterministic
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.backends.cudnn.allow_tf32 = self.tf32
+        if self.compile:
+            # Compiled kernels are cached by graph: a later run of the same shapes loads them instead of compiling.
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "machina" / "inductor"))
+
+
+def compiler_present(device: torch.device) -> bool:
+    """Whether ``torch.compile``'s default backend can build kernels for ``device`` here."""
+    if device.type == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return any(shutil.which(name) for name in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
 def resolve_device(name: str) -> torch.device:

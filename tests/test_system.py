@@ -1,5 +1,7 @@
 """system.* settings really change torch's flags; bad values give errors that name the setting."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +70,30 @@ def test_cuda_graphs_refused_off_cuda():
     with pytest.raises(ConfigError, match="cuda_graphs=true captures CUDA graphs, but system.device resolved to cpu"):
         System(device="cpu", cuda_graphs=True)
     assert System(device="cpu", cuda_graphs=False).cuda_graphs is False
+
+
+def test_compile_auto_compiles_long_runs_where_a_compiler_is_present(tmp_path, monkeypatch):
+    def auto(total_timesteps):
+        return System(device="cpu", compile="auto", compile_min_timesteps=1000, total_timesteps=total_timesteps)
+
+    assert shutil.which("g++") or shutil.which("c++"), "this test needs the machine's C++ compiler"
+    assert auto(1000).compile is True and auto(999).compile is False
+    assert System(device="cpu", compile=True, total_timesteps=1).compile is True
+    # With no C++ compiler on the PATH, auto leaves a long run eager instead of failing at its first compile.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert auto(10**9).compile is False
+    with pytest.raises(ConfigError, match="system.compile must be true, false or auto, got 'yes'"):
+        System(device="cpu", compile="yes")
+
+
+def test_the_recipe_compiles_only_runs_long_enough_to_win_the_compile_back():
+    from machina.build import build
+    from tests.conftest import compose_config
+
+    assert build(compose_config(["experiment=debug"])).system.compile is False  # tests and check runs stay eager
+    recipe = compose_config([])
+    assert recipe.system.compile == "auto" and recipe.trainer.total_timesteps < recipe.system.compile_min_timesteps
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"seed": -1}, "system.seed"), ({"threads": -2}, "system.threads")])
