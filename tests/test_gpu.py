@@ -27,7 +27,12 @@ def test_rollout_and_update_never_sync_on_cuda(losses, cuda_graphs):
     torch.cuda.set_sync_debug_mode("error")
     try:
         trainer.rollout.run(trainer.progress)
-        trainer.learner.run(trainer.progress)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    trainer.learner.prepare()  # the epoch's one host read: the width of the compacted token observations
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trainer.learner.update(trainer.progress)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()

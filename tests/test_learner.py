@@ -7,7 +7,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from machina import keys
 from machina.build import build, build_trainer
+from machina.env.spec import PAD_TOKEN
 from machina.training.lr_schedules import Constant, Cosine, Linear
 from tests.conftest import compose_config
 from tests.test_rollout import TINY
@@ -132,3 +134,27 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     assert eager.optimizer.param_groups[0]["lr"] == pytest.approx(float(compiled.optimizer.param_groups[0]["lr"]))
     assert graphs[0] > 0 and graphs[2] == graphs[1], f"graphs compiled after each epoch: {graphs}"
     assert "train.update" in compiled.stopwatch.totals and "train.forward" not in compiled.stopwatch.totals
+
+
+@pytest.mark.parametrize("policy", ["fast", "vit"])
+def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
+    """The learner cuts token observations to the last slot that is real in any stored observation; the encoders
+    give padding no weight (the bag) or mask it (the Perceiver), so the same buffers train the same parameters."""
+    overrides = [f"policy={policy}", "learner.update_epochs=2", "system.threads=1"]
+    if policy == "vit":
+        overrides += ["policy.encoder.latent_dim=16", "policy.encoder.num_latents=4"]
+    full, cut = (make_trainer([*overrides, f"learner.compact_tokens={flag}"]) for flag in ("false", "true"))
+    cut.policy.load_state_dict(full.policy.state_dict())
+    full.rollout.run(full.progress)
+    cut.experience.buffer.update_(full.experience.buffer)
+    cut.experience.row_state.update_(full.experience.row_state)
+    cut.experience.last_values.copy_(full.experience.last_values)
+    for trainer in (full, cut):
+        torch.manual_seed(0)
+        trainer.learner.run(trainer.progress)
+    obs = full.experience.buffer[keys.OBS]
+    real = (obs[..., 1] != PAD_TOKEN).sum(-1)
+    width = cut.learner.pop_metrics()[1]["experience/token_width"]
+    assert width == real.max() < obs.shape[-2]  # packed tokens: the widest observation's count, well under M
+    for (name, a), b in zip(full.policy.named_parameters(), cut.policy.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"{name} differs when trained on compacted tokens")

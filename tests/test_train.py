@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import wandb
@@ -26,6 +27,7 @@ from machina.env.machina_1 import Machina1Env
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink
 from machina.run import train
+from machina.training import learner as learner_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer
 from tests.conftest import ROOT, compose_config, run_train
@@ -251,12 +253,26 @@ def make_trainer(overrides) -> Trainer:
     return build_trainer(cfg, build(cfg), sinks=[])
 
 
+# The line of the learner's one host read per epoch (the compacted token width).
+WIDTH_LINE = next(
+    number
+    for number, line in enumerate(Path(learner_module.__file__).read_text().splitlines(), 1)
+    if "the epoch's one host read" in line
+)
+
+
 @pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]", "[sliced_scripted_cloner,ppo]", "[ppo,eer_cloner]"])
 def test_rollout_and_update_make_no_host_sync(losses):
     trainer = make_trainer([f"losses={losses}"])
     syncs: list[str] = []
     with count_host_reads(syncs):
         steps = trainer.rollout.run(trainer.progress)
-        trainer.learner.run(trainer.progress)
     assert steps == trainer.experience.batch_size
-    assert syncs == []  # env, policy, rollout hooks, buffer writes and the update: no host read of a tensor
+    assert syncs == []  # env, policy, rollout hooks, buffer writes: no host read of a tensor
+    with count_host_reads(syncs):
+        trainer.learner.prepare()
+    # One per epoch before the minibatches, the width of the compacted token observations...
+    assert len(syncs) == 1 and syncs[0].startswith("__int__ at ") and syncs[0].endswith(f"learner.py:{WIDTH_LINE}")
+    with count_host_reads(syncs := []):
+        trainer.learner.update(trainer.progress)
+    assert trainer.experience.num_minibatches > 1 and syncs == []  # ...and none in the update's minibatches

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from machina import distributed, keys
+from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
@@ -53,6 +54,7 @@ class Learner:
         vtrace_rho_clip: float = 1.0,
         vtrace_c_clip: float = 1.0,
         target_kl: float | None = None,
+        compact_tokens: bool = True,
         compile: bool = False,
     ):
         if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
@@ -73,12 +75,18 @@ class Learner:
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.rho_bar, self.c_bar = vtrace_rho_clip, vtrace_c_clip
         self.lr_schedule, self.target_kl = lr_schedule, target_kl
+        obs_shape = experience.buffer[keys.OBS].shape[2:]
+        self.compact_tokens = (
+            compact_tokens and experience.buffer[keys.OBS].dtype == torch.uint8 and len(obs_shape) == 2
+        )
+        self._slot_number = torch.arange(1, obs_shape[0] + 1, device=experience.device)
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         seg, horizon = experience.minibatch_segments, experience.bptt_horizon
         self._ones = torch.ones(seg, horizon, device=experience.device)
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
+        self.source = experience.buffer  # what the minibatches are drawn from (prepare)
         self.compiled_update = None
         if compile:
             # The scheduled learning rate lives in a tensor the compiled optimizer step reads: a Python float would be
@@ -100,8 +108,20 @@ class Learner:
             group.update(fresh)
 
     def run(self, progress: Progress) -> None:
+        """Train on the full buffer: ``prepare`` then ``update``."""
+        self.prepare()
+        self.update(progress)
+
+    def prepare(self) -> None:
+        """The epoch's work before its minibatches, and its only host read (with ``compact_tokens``): the buffer the
+        minibatches are drawn from."""
+        buffer = self.experience.buffer
+        self.source = self._compacted(buffer) if self.compact_tokens else buffer
+
+    def update(self, progress: Progress) -> None:
+        """``update_epochs`` passes of minibatches over ``prepare``'s buffer; no host read (but ``target_kl``'s)."""
         exp, sw = self.experience, self.stopwatch
-        buffer = exp.buffer
+        buffer, source = exp.buffer, self.source
         multiplier = self.lr_schedule(progress.fraction)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             if isinstance(group["lr"], torch.Tensor):
@@ -122,7 +142,7 @@ class Learner:
             for mb_index in range(exp.num_minibatches):
                 with sw.time("train.sample"):
                     idx, weights = exp.sampler.minibatch(mb_index)
-                    stored = buffer[idx]
+                    stored = source[idx]
                     minibatch = stored.copy()  # shallow: losses may add keys without touching the buffer
                     minibatch[keys.ADVANTAGES] = advantages[idx]
                     minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
@@ -140,6 +160,16 @@ class Learner:
             if self.target_kl is not None and float(kl_sum) / exp.num_minibatches > self.target_kl:
                 break  # the one host read of an update pass, only with target_kl set
         self.once["train/update_passes"] = float(passes)
+
+    def _compacted(self, buffer: TensorDict) -> TensorDict:
+        """The buffer with ``OBS`` uint8 [S, T, M, 3] as a view cut to [S, T, W, 3], W the last token slot that is
+        real in any stored observation (every observation's later slots are padding)."""
+        real_anywhere = (buffer[keys.OBS][..., 1] != PAD_TOKEN).flatten(0, -2).any(0)  # [M]
+        width = max(int((real_anywhere * self._slot_number).max()), 1)  # the epoch's one host read
+        self.once["experience/token_width"] = float(width)
+        source = buffer.exclude(keys.OBS)
+        source[keys.OBS] = buffer[keys.OBS][..., :width, :]
+        return source
 
     def _update_timed(
         self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
