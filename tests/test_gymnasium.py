@@ -2,7 +2,6 @@
 of truncations, episode stats, seeding, refused spaces), and experiment=cartpole end to end."""
 
 import json
-import math
 import subprocess
 import sys
 
@@ -277,7 +276,7 @@ def test_experiment_cartpole_trains_and_evaluates(tmp_path):
 
 @pytest.mark.slow
 def test_experiment_cartpole_reaches_cleanrls_return(tmp_path):
-    """CleanRL's ppo.py reaches 488.75 +- 18.40 at 500k steps; the mean of the last 10 epochs must be >= 475."""
+    """CleanRL's ppo.py reaches 488.75 +- 18.40 at 500k steps; machina's preset must reach a mean of >= 475."""
     run_dir = tmp_path / "run"
     result = run_train(
         ["experiment=cartpole", "system.seed=1", "wandb=disabled", f"hydra.run.dir={run_dir}"], timeout=900
@@ -285,5 +284,6 @@ def test_experiment_cartpole_reaches_cleanrls_return(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = metrics(run_dir)
     assert rows[-1]["metric/agent_step"] <= 500_000
-    last = [r["overview/reward"] for r in rows[-10:] if math.isfinite(r["overview/reward"])]
+    # The last 10 epochs in which episodes ended (null in the others: a CartPole episode lasts up to 500 steps).
+    last = [r["overview/reward"] for r in rows if r["overview/reward"] is not None][-10:]
     assert sum(last) / len(last) >= 475
