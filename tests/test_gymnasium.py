@@ -5,11 +5,9 @@ import json
 import subprocess
 import sys
 
-import gymnasium
 import numpy as np
 import pytest
 import torch
-from gymnasium import spaces
 from tensordict import TensorDict
 
 from machina import keys
@@ -18,6 +16,9 @@ from machina.env.gymnasium import GymnasiumEnv
 from machina.errors import ConfigError
 from machina.losses.base import Progress
 from tests.conftest import ROOT, compose_config, run_train
+
+gymnasium = pytest.importorskip("gymnasium")  # the gym extra (part of dev)
+spaces = gymnasium.spaces
 
 
 class CountEnv(gymnasium.Env):
