@@ -3,6 +3,9 @@
 Three panels against ``metric/agent_step``: return (``overview/reward``, and ``eval/return`` when the run has
 evaluation rows), SPS (``overview/sps``) and every loss term (``losses/<loss>/loss_*``). Null values (epochs in
 which no episode ended) are gaps.
+
+``python -m machina.plot RUN_DIR... --returns --out PATH``: one panel of the training return of several runs (seeds
+of one recipe), each as a running mean over ``--window`` epochs that ended an episode (docs/gymnasium.md's curves).
 """
 
 import argparse
@@ -59,12 +62,40 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
+def plot_returns(run_dirs: list[str | Path], out: str | Path, window: int = 10, title: str = "") -> Path:
+    """Draw each run's ``overview/reward`` against agent steps, as a running mean over the last ``window`` epochs
+    with a finite value (epochs in which no episode ended have none), labelled with its folder's name."""
+    fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
+    for run_dir in map(Path, run_dirs):
+        points = [(row[STEP], row["overview/reward"]) for row in read_metrics(run_dir / "metrics.jsonl")]
+        points = [(step, value) for step, value in points if math.isfinite(value)]
+        values = [value for _, value in points]
+        means = [sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))]
+        ax.plot([step for step, _ in points], means, label=run_dir.name)
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel(f"training episode return (mean of {window} epochs)")
+    ax.set_title(title, fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return Path(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m machina.plot", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", help="a run folder holding metrics.jsonl")
+    parser.add_argument("run_dirs", nargs="+", help="a run folder holding metrics.jsonl (several with --returns)")
     parser.add_argument("--out", help="PNG to write (default RUN_DIR/plot.png)")
+    parser.add_argument("--returns", action="store_true", help="one panel: the return of every run given")
+    parser.add_argument("--window", type=int, default=10, help="epochs in the running mean of --returns")
+    parser.add_argument("--title", default="", help="title of the --returns panel")
     args = parser.parse_args(argv)
-    print(plot_run(args.run_dir, args.out))
+    if args.returns:
+        print(plot_returns(args.run_dirs, args.out or Path(args.run_dirs[0]) / "returns.png", args.window, args.title))
+    elif len(args.run_dirs) > 1:
+        parser.error("several run folders need --returns")
+    else:
+        print(plot_run(args.run_dirs[0], args.out))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ TINY = [
 
 
 class NaNLoss(Loss):
-    """Test-only loss: NaN from agent step ``from_step`` on."""
+    """Test-only loss: NaN in the epochs that start at agent step ``from_step`` or later."""
 
     def __init__(self, from_step: int):
         super().__init__()
@@ -165,7 +165,7 @@ def test_kill_9_between_checkpoints_then_resume(tmp_path):
 
 
 def test_nan_loss_stops_with_exit_2_and_keeps_the_last_checkpoint(tmp_path):
-    nan = [f"+losses.nan._target_={__name__}.NaNLoss", f"+losses.nan.from_step={2 * EPOCH}"]
+    nan = [f"+losses.nan._target_={__name__}.NaNLoss", f"+losses.nan.from_step={EPOCH}"]  # epoch 2 starts there
     code, message = run_reporting(tmp_path, *nan, epochs=3)
     assert code == 2
     assert "non-finite loss at epoch 2" in message and "losses/nan/loss_bad=nan" in message

@@ -43,12 +43,17 @@ def test_command_line_beats_the_preset():
     assert cfg.policy.action_probs.emit_full_log_probs is True
 
 
+# The env each policy reads the observations of (token policies: the default env), and its action count.
+POLICY_ENVS = {"mlp": ("gymnasium", 2)}
+
+
 @pytest.mark.parametrize("policy", options("policy"))
-def test_every_policy_builds_for_the_env(policy):
-    cfg = compose_config([f"policy={policy}", "env.num_envs=2"])
+def test_every_policy_builds_for_its_env(policy):
+    env_name, num_actions = POLICY_ENVS.get(policy, ("machina_1", 21))
+    cfg = compose_config([f"policy={policy}", f"env={env_name}", "env.num_envs=2"])
     env = instantiate(cfg.env)
     net = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
-    assert net.num_actions == env.spec.num_actions == 21
+    assert net.num_actions == env.spec.num_actions == num_actions
 
 
 @pytest.mark.parametrize("loss", options("losses"))

@@ -34,6 +34,18 @@ def test_plot_writes_a_png_from_metrics_jsonl(tmp_path, capsys):
     assert (tmp_path / "other.png").is_file()
 
 
+def test_returns_of_several_runs_go_in_one_panel(tmp_path, capsys):
+    for seed in (1, 2):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        rows = [{"metric/agent_step": 512 * (i + 1), "overview/reward": None if i % 3 else 10.0 * i} for i in range(9)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main([str(tmp_path / "seed1"), str(tmp_path / "seed2"), "--returns", "--out", str(tmp_path / "r.png")])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r.png")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "seed1"), str(tmp_path / "seed2")])  # several runs only with --returns
+
+
 def test_plot_names_a_folder_without_metrics(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.jsonl"):
         main([str(tmp_path)])

@@ -15,7 +15,6 @@ of those.
 """
 
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from machina.env.spec import ObsSpec, VectorObsSpec
@@ -26,11 +25,13 @@ from machina.policy.component import ComponentPolicy
 from machina.policy.heads import ActorHead, CriticHead
 from machina.policy.lstm_core import LSTMCore
 from machina.policy.perceiver import PerceiverEncoder
+from machina.policy.vector_encoder import VectorEncoder
 
 POLICY = "machina.policy.component.ComponentPolicy"
 COMPONENTS: dict[str, type] = {
     "machina.policy.bag_encoder.TokenBagEncoder": TokenBagEncoder,
     "machina.policy.perceiver.PerceiverEncoder": PerceiverEncoder,
+    "machina.policy.vector_encoder.VectorEncoder": VectorEncoder,
     "machina.policy.lstm_core.LSTMCore": LSTMCore,
     "machina.policy.heads.ActorHead": ActorHead,
     "machina.policy.heads.CriticHead": CriticHead,
@@ -41,18 +42,6 @@ FACTORY_SLOTS = ("encoder", "core", "actor", "critic")
 SLOTS = (*FACTORY_SLOTS, "action_probs")
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values
 PLAIN = (bool, int, float, str, type(None))
-
-
-def register_vector_encoder() -> None:
-    """The gym branch adds ``machina.policy.vector_encoder.VectorEncoder``; it is allowed by that exact path once its
-    module is part of the package (checked by file, so nothing is imported by a name a file gives)."""
-    if (Path(__file__).parent / "vector_encoder.py").is_file():
-        from machina.policy.vector_encoder import VectorEncoder
-
-        COMPONENTS["machina.policy.vector_encoder.VectorEncoder"] = VectorEncoder
-
-
-register_vector_encoder()
 
 
 def check_architecture(architecture: Any, source: str) -> None:

@@ -194,11 +194,14 @@ class Trainer:
         """One epoch (rollout, then update) without its metrics read; return the agent steps taken (all ranks).
         ``train`` runs these; benchmarks time them."""
         self.policy.eval()
+        # The epoch's schedules (learning rate, loss coefficients) are those of where it starts, in the rollout and
+        # in the update: the first epoch trains at the full learning rate (CleanRL's frac = 1 - (iteration - 1) / N).
+        progress = self.progress
         # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.
-        steps = self.rollout.run(self.progress) * distributed.world_size()
+        steps = self.rollout.run(progress) * distributed.world_size()
         self.agent_step += steps
         self.policy.train()
-        self.learner.run(self.progress)
+        self.learner.run(progress)
         self.epoch += 1
         return steps
 
