@@ -111,7 +111,7 @@ def per_agent(x: torch.Tensor, num_agents: int) -> torch.Tensor:
 def test_rewards_and_ends_line_up_with_what_the_trainer_stores():
     """Each stored step: the observation acted on, its action, that action's reward and the episode end after it;
     truncated steps carry V(final observation), every other step 0."""
-    parts = build(gym_config("env.num_envs=2", "+env.kwargs.term_at=5", "env.max_episode_steps=4", "system.seed=3"))
+    parts = build(gym_config("env.num_envs=2", "+env.kwargs.term_at=5", "env.max_steps=4", "system.seed=3"))
     exp = parts.experience
     parts.rollout.run(Progress(0, 1))
 

@@ -50,7 +50,8 @@ class GymnasiumEnv(Env):
             registers the id with ``gymnasium.register``).
         kwargs: keyword arguments of ``gymnasium.make`` for the env (``{"sutton_barto_reward": true}``).
         vectorizer: ``sync`` (one process) or ``async`` (a worker process per env).
-        max_episode_steps: override the registered time limit (None: the registered one).
+        max_steps: the episode time limit, passed to ``gymnasium.make`` as ``max_episode_steps`` (None: the
+            registered one).
         num_envs, seed, device, teacher, stagger: the builder's arguments (``base.py``). Gymnasium envs have no
             teacher (``teacher=True`` is refused); ``stagger`` changes nothing, since episodes of Gymnasium envs
             end at different steps by themselves.
@@ -63,7 +64,7 @@ class GymnasiumEnv(Env):
         id: str = "CartPole-v1",
         kwargs: dict[str, Any] | None = None,
         vectorizer: str = "sync",
-        max_episode_steps: int | None = None,
+        max_steps: int | None = None,
         num_envs: int = 4,
         seed: int = 0,
         device: str | torch.device = "cpu",
@@ -87,8 +88,8 @@ class GymnasiumEnv(Env):
         self.num_envs = self.num_agents = num_envs
         self.seed = seed
         make_kwargs = dict(kwargs or {})
-        if max_episode_steps is not None:
-            make_kwargs["max_episode_steps"] = max_episode_steps
+        if max_steps is not None:
+            make_kwargs["max_episode_steps"] = max_steps
 
         try:
             probe = gym.make(id, **make_kwargs)
