@@ -49,6 +49,11 @@ run)
   bench --epochs 3 "${vit[@]}"
   bench --epochs 3 --compare system.cuda_graphs=false,true "${vit[@]}"
   bench --epochs 2 --compare system.compile=false,true "${vit[@]}"
+  bench --epochs 2 --compare system.compile=false,true "${fast[@]}"  # the policy and the learner's whole update
+  bench --epochs 2 --compare learner.compact_tokens=false,true "${fast[@]}"
+  # Launch overhead at a tiny batch: aten ops (kernel launches) and host time per rollout step and per minibatch.
+  timeout 300 python3 -m machina.bench overhead --json system.device=cuda 2>&1 | tee -a "$out/bench.log" |
+    grep '^{' >>"$out/overhead.jsonl" || true
   ;;
 *)
   echo "usage: bash benchmarks/gpu.sh fetch|run" >&2
