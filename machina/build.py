@@ -43,12 +43,7 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
     """Instantiate every part of the experiment; the config is read, never mutated."""
     system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
     if cfg.system.compile == "auto":
-        reach = ">=" if cfg.trainer.total_timesteps >= cfg.system.compile_min_timesteps else "<"
-        log.info(
-            "system.compile=auto: %s (trainer.total_timesteps %s system.compile_min_timesteps)",
-            "compiling the policy and the update" if system.compile else "eager",
-            reach,
-        )
+        log.info("system.compile=auto: %s", "compiling the policy and the update" if system.compile else "eager")
     device = distributed.rank_device(system.apply())
     losses = build_losses(cfg.losses)
     needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())

@@ -33,6 +33,7 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.base import Env
+from machina.env.episode_tally import EpisodeTally
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
 
@@ -134,6 +135,7 @@ class GymnasiumEnv(Env):
         if pin:
             self.host, self.final_obs = self.host.pin_memory(), self.final_obs.pin_memory()
         self.episodes = np.zeros(num_envs, dtype=np.int64)  # episodes ended per env since the first reset
+        self.tally = EpisodeTally(STAT_NAMES, num_envs)
         self._start(self.episodes)
 
     # ----------------------------------------------------------------------------------------------- public API
@@ -184,19 +186,19 @@ class GymnasiumEnv(Env):
     def episode_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the episodes that ended since the last call, as 0-d float32 tensors on the device:
         ``episodes``, ``return`` (undiscounted), ``length`` (steps). Resets the sums."""
-        totals = torch.tensor(self.totals, dtype=torch.float32, device=self.device)
-        self.totals[:] = 0
-        return {name: totals[i] for i, name in enumerate(STAT_NAMES)}
+        return self.tally.pop_sums(self.device)
 
     def last_episodes(self) -> dict[str, torch.Tensor]:
         """Per env, float32 [E]: ``episodes`` ended since ``reset`` and the return and length of its latest one."""
-        last = torch.tensor(self.last, dtype=torch.float32, device=self.device)
-        return {name: last[:, i] for i, name in enumerate(STAT_NAMES)}
+        return self.tally.latest(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Episode counters and stat sums. A Gymnasium env's state cannot be saved: a restored env starts new
         episodes, seeded with the seeds that follow the saved counters."""
-        return {"episodes": torch.from_numpy(self.episodes.copy()), "totals": torch.from_numpy(self.totals.copy())}
+        return {
+            "episodes": torch.from_numpy(self.episodes.copy()),
+            "totals": torch.from_numpy(self.tally.totals.copy()),
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``)."""
@@ -204,7 +206,7 @@ class GymnasiumEnv(Env):
             raise ValueError("state_dict entry 'episodes' is missing or has the wrong shape")
         self.episodes[:] = state["episodes"].numpy()
         self._start(self.episodes)
-        self.totals[:] = state["totals"].numpy()
+        self.tally.totals[:] = state["totals"].numpy()
 
     def render(self, env_index: int = 0, **options: object) -> np.ndarray:
         """Env ``env_index``'s frame as uint8 RGB [H, W, 3], where the env renders ``rgb_array`` (drawing options
@@ -225,15 +227,12 @@ class GymnasiumEnv(Env):
         seeds = [(self.seed * self.num_envs + e) * SEED_STRIDE + int(episodes[e]) for e in range(self.num_envs)]
         obs, _ = self.vec.reset(seed=seeds)
         self._write_obs(obs)
-        self.totals = np.zeros(len(STAT_NAMES))
-        self.last = np.zeros((self.num_envs, len(STAT_NAMES)))  # per env: episodes ended, then its latest stats
+        self.tally.clear()
 
     def _record(self, ended: np.ndarray, episode: dict[str, np.ndarray]) -> None:
         """Add the episodes RecordEpisodeStatistics reports as ended (``ended`` bool [E]) to the sums."""
-        returns, lengths = episode["r"][ended], episode["l"][ended]
-        self.totals += (ended.sum(), returns.sum(), lengths.sum())
+        self.tally.add(ended, np.stack([episode["r"][ended], episode["l"][ended]], axis=1))
         self.episodes += ended
-        self.last[ended] = np.stack([self.episodes[ended], returns, lengths], axis=1)
 
     def _write_obs(self, obs: np.ndarray) -> None:
         self.host[keys.OBS].copy_(torch.from_numpy(np.asarray(obs, dtype=np.float32)))

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.base import Env
+from machina.env.episode_tally import EpisodeTally
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError
 
@@ -114,6 +115,7 @@ class MettaGridArenaEnv(Env):
         self.cfgs = [cfg.model_copy(deep=True) for _ in range(num_envs)]  # each env sets its own map seed per episode
         self.sims = [None] * num_envs
         self.episode = np.zeros(num_envs, dtype=np.int64)  # episodes started per env: the next seed offset
+        self.tally = EpisodeTally(STAT_NAMES, num_envs)
         self._start_all()
 
     # ----------------------------------------------------------------------------------------------- public API
@@ -166,19 +168,16 @@ class MettaGridArenaEnv(Env):
         ``episodes``, ``return`` (per-agent mean return of each episode, summed), ``length`` (steps),
         ``hearts_made`` and ``resources_gathered`` (ore mined; both summed over the env's agents). Resets the sums.
         """
-        totals = torch.tensor(self.totals, dtype=torch.float32, device=self.device)
-        self.totals[:] = 0
-        return {name: totals[i] for i, name in enumerate(STAT_NAMES)}
+        return self.tally.pop_sums(self.device)
 
     def last_episodes(self) -> dict[str, torch.Tensor]:
         """Per env, float32 [E]: ``episodes`` ended since ``reset`` and the other stats of its latest episode."""
-        last = torch.tensor(self.last, dtype=torch.float32, device=self.device)
-        return {name: last[:, i] for i, name in enumerate(STAT_NAMES)}
+        return self.tally.latest(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Episode counters and stat sums. MettaGrid's C++ state is not saved: a restored env starts new episodes
         with the seeds that follow the saved ones."""
-        return {"episode": torch.from_numpy(self.episode.copy()), "totals": torch.from_numpy(self.totals.copy())}
+        return {"episode": torch.from_numpy(self.episode.copy()), "totals": torch.from_numpy(self.tally.totals.copy())}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``)."""
@@ -187,7 +186,7 @@ class MettaGridArenaEnv(Env):
         self.episode[:] = d["episode"].numpy()
         for e in range(self.num_envs):
             self._start_episode(e)
-        self.totals[:] = d["totals"].numpy()
+        self.tally.totals[:] = d["totals"].numpy()
 
     # ------------------------------------------------------------------------------------------------ internals
     def _start_all(self) -> None:
@@ -197,8 +196,7 @@ class MettaGridArenaEnv(Env):
         if self.map_rows is not None or not self.stagger:
             self.first_len[:] = 0  # whole episodes (step counters start at 1, so 0 never ends one)
         self.ep_return = np.zeros(self.num_envs)
-        self.totals = np.zeros(len(STAT_NAMES))
-        self.last = np.zeros((self.num_envs, len(STAT_NAMES)))  # per env: episodes ended, then its latest stats
+        self.tally.clear()
         for e in range(self.num_envs):
             self._start_episode(e)
 
@@ -216,9 +214,7 @@ class MettaGridArenaEnv(Env):
         sim = self.sims[e]
         agents = sim.episode_stats["agent"]
         made, mined = (sum(a.get(k, 0.0) for a in agents) for k in self.stat_keys)
-        stats = (1.0, self.ep_return[e] / self.agents_per_env, sim.current_step, made, mined)
-        self.totals += stats
-        self.last[e] = (self.last[e, 0] + 1, *stats[1:])
+        self.tally.add(e, (self.ep_return[e] / self.agents_per_env, sim.current_step, made, mined))
         self.first_len[e] = 0  # later episodes run to max_steps
         self._start_episode(e)
 
