@@ -156,5 +156,7 @@ def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
     real = (obs[..., 1] != PAD_TOKEN).sum(-1)
     width = cut.learner.pop_metrics()[1]["experience/token_width"]
     assert width == real.max() < obs.shape[-2]  # packed tokens: the widest observation's count, well under M
+    # Float rounding only: the Perceiver's masked softmax sums over another number of (zero) padding terms, and Adam
+    # amplifies rounding in near-zero gradients; 1e-5 is 1% of one Adam step (lr 1e-3), a wrong cut moves ~1e-3.
     for (name, a), b in zip(full.policy.named_parameters(), cut.policy.parameters(), strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"{name} differs when trained on compacted tokens")
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs when trained on compacted tokens")

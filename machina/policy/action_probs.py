@@ -35,8 +35,9 @@ class ActionProbs(Component):
             actions = step[ACTIONS]
             step[ENTROPY] = -(log_probs.exp() * log_probs).sum(-1)
         else:
-            # argmax(logits + Gumbel noise) samples from softmax(logits); -log(Exp(1)) is Gumbel(0, 1).
-            noise = torch.empty_like(logits).exponential_().log_()
+            # argmax(logits + Gumbel noise) samples from softmax(logits); -log(-log(U)), U ~ Uniform[0, 1), is
+            # Gumbel(0, 1). From rand rather than exponential_: a fifth of the time on a CPU, the same on a GPU.
+            noise = torch.rand_like(logits).log_().neg_().log_()
             actions = (logits - noise).argmax(-1)
             step[ACTIONS] = actions
         step[ACT_LOG_PROB] = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

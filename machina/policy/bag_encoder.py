@@ -1,4 +1,5 @@
-"""``policy=fast`` encoder: a bag of token embeddings (one ``nn.EmbeddingBag`` call), then a small MLP."""
+"""``policy=fast`` encoder: a bag of token embeddings (one weighted embedding-bag sum, ``bag_sum.py``), then a small
+MLP."""
 
 import torch
 from tensordict import TensorDict
@@ -6,6 +7,7 @@ from torch import nn
 
 from machina.env.spec import PAD_TOKEN
 from machina.keys import ENCODED, OBS
+from machina.policy.bag_sum import bag_sum
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
 from machina.policy.tokens import BYTE_VALUES, cell_index_table, inverse_norm_table
@@ -14,7 +16,7 @@ from machina.policy.tokens import BYTE_VALUES, cell_index_table, inverse_norm_ta
 class TokenBagEncoder(Component):
     """``OBS`` uint8 [N, M, 3] -> ``ENCODED`` float32 [N, hidden].
 
-    An observation is the sum of one embedding row per token: linear in the tokens, one ``nn.EmbeddingBag`` call.
+    An observation is the sum of one embedding row per token: linear in the tokens, one embedding-bag sum.
     A feature with a small range (``feature_norm <= categorical_max``: object types, vibes, inventory counts,
     cooldowns) owns a row per (value, window cell), weighted 1, so a wall and an extractor on one cell get unrelated
     rows rather than one row at two scales. A feature with a wide range (episode progress) owns a row per window
@@ -41,25 +43,29 @@ class TokenBagEncoder(Component):
         max_level = torch.zeros(BYTE_VALUES, dtype=torch.int64)
         max_level[: spec.num_features] = levels - 1
         inv_norm = inverse_norm_table(spec)
-        inv_norm[: spec.num_features] = torch.where(categorical, 1.0, inv_norm[: spec.num_features])
+        # One table entry per (feature byte, value byte), so a token's row and weight are two gathers: the row
+        # offset of its feature and level (the value, clamped to the feature's range; 0 for a scaled feature), and
+        # its weight (1 for a categorical row, value / norm for a scaled one, 0 for padding and unknown ids).
+        value = torch.arange(BYTE_VALUES)
+        row_of = row_offset.view(-1, 1) + torch.minimum(value.view(1, -1), max_level.view(-1, 1)) * cells
+        scaled = value.float().view(1, -1) * inv_norm.view(-1, 1)
+        weight_of = torch.where(max_level.view(-1, 1) > 0, inv_norm.view(-1, 1).gt(0).float(), scaled)
         # Derived from the spec, so not saved in checkpoints.
-        self.register_buffer("row_offset", row_offset, persistent=False)
-        self.register_buffer("max_level", max_level, persistent=False)
+        self.register_buffer("row_of", row_of.flatten(), persistent=False)  # int64 [256 * 256]
+        self.register_buffer("weight_of", weight_of.flatten(), persistent=False)  # float32 [256 * 256]
         self.register_buffer("cell_index", cell_index_table(spec.window), persistent=False)
-        self.register_buffer("inv_norm", inv_norm, persistent=False)
-        self.cells = cells
         self.mlp = nn.Sequential(
             nn.LayerNorm(embed_dim), nn.ReLU(), layer_init(nn.Linear(embed_dim, hidden)), nn.ReLU()
         )
         self.out_widths = {ENCODED: hidden}
         self.input_spec = {OBS: ((spec.max_tokens, 3), torch.uint8)}
 
+    def token_rows(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 [N, M, 3] tokens -> (int64 rows [N, M] into the bag's table, float32 weights [N, M])."""
+        tokens = obs.long()  # one copy of [N, M, 3]; the three bytes are views of it
+        feature_value = tokens[..., 1] * BYTE_VALUES + tokens[..., 2]
+        rows = torch.take(self.row_of, feature_value).add_(torch.take(self.cell_index, tokens[..., 0]))
+        return rows, torch.take(self.weight_of, feature_value)
+
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
-        obs = step[OBS]
-        location, feature = obs[..., 0].long(), obs[..., 1].long()
-        value = obs[..., 2].long()
-        level = torch.minimum(value, self.max_level[feature])
-        rows = self.row_offset[feature] + level * self.cells + self.cell_index[location]
-        # Categorical rows weigh 1, scaled rows value / norm, padding 0 (its inv_norm entry is 0).
-        weights = torch.where(self.max_level[feature] > 0, 1.0, value.float()) * self.inv_norm[feature]
-        step[ENCODED] = self.mlp(self.bag(rows, per_sample_weights=weights))
+        step[ENCODED] = self.mlp(bag_sum(self.bag.weight, *self.token_rows(step[OBS])))

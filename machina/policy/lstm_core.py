@@ -48,9 +48,10 @@ class LSTMCore(Component):
         else:
             cell = self.cell
             projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
+            # unbind, not projected[:, t]: the backward of T selects would fill a zero [B, T, 4H] gradient per step.
             outputs = []
-            for t in range(steps):
-                h, c = lstm_step(projected[:, t], h * keep[:, t], c * keep[:, t], cell.weight_hh)
+            for x, keep_t in zip(projected.unbind(1), keep.unbind(1), strict=True):
+                h, c = lstm_step(x, h * keep_t, c * keep_t, cell.weight_hh)
                 outputs.append(h)
             step[CORE] = torch.stack(outputs, 1).flatten(0, 1)
         seq[NEXT_HIDDEN] = h
