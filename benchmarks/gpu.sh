@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu.sh run     # there: install .whl/ if present, run tests/test_gpu.py, then the benchmarks
 #
 # `run` writes every result to ${OUT:-gpu_results}/: pytest's log and one JSON line per benchmark (bench.jsonl).
-# It takes about 8 minutes on an H200: the no-sync and CUDA-graph tests, then end-to-end training SPS of
-# policy=fast and policy=vit at batches that fill the GPU, with system.cuda_graphs and system.compile compared
-# side by side.
+# Sized for about 9 minutes on an H200 (a guess: it has never run): the no-sync tests (every loss, both samplers,
+# with and without CUDA graphs) and the graph-equals-eager tests, then end-to-end training SPS of policy=fast at
+# three batch sizes (the issue asks for the one that maximises agent-steps/s) and policy=vit, the pairs
+# system.cuda_graphs (rollout step and update as graphs), system.compile, emit_full_log_probs at 157 actions,
+# torch_deterministic and learner.compact_tokens, and the launch-overhead table on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +45,8 @@ run)
   fast=(system.device=cuda policy=fast env.num_envs=16384 experience.batch_size=2097152 experience.minibatch_size=262144)
   vit=(system.device=cuda policy=vit env.num_envs=4096 experience.batch_size=524288 experience.minibatch_size=65536)
   bench --epochs 3 "${fast[@]}"
+  bench --epochs 2 system.device=cuda env.num_envs=4096 experience.batch_size=524288 experience.minibatch_size=65536
+  bench --epochs 2 system.device=cuda env.num_envs=65536 experience.batch_size=8388608 experience.minibatch_size=1048576
   bench --epochs 3 --compare system.cuda_graphs=false,true "${fast[@]}"
   bench --epochs 2 --compare policy.action_probs.emit_full_log_probs=false,true env.num_vibes=152 "${fast[@]}"
   bench --epochs 2 --compare system.torch_deterministic=false,true "${fast[@]}"
@@ -52,8 +56,10 @@ run)
   bench --epochs 2 --compare system.compile=false,true "${fast[@]}"  # the policy and the learner's whole update
   bench --epochs 2 --compare learner.compact_tokens=false,true "${fast[@]}"
   # Launch overhead at a tiny batch: aten ops (kernel launches) and host time per rollout step and per minibatch.
-  timeout 300 python3 -m machina.bench overhead --json system.device=cuda 2>&1 | tee -a "$out/bench.log" |
-    grep '^{' >>"$out/overhead.jsonl" || true
+  for graphs in false true; do
+    timeout 300 python3 -m machina.bench overhead --json system.device=cuda system.cuda_graphs=$graphs 2>&1 |
+      tee -a "$out/bench.log" | grep '^{' >>"$out/overhead.jsonl" || true
+  done
   ;;
 *)
   echo "usage: bash benchmarks/gpu.sh fetch|run" >&2

@@ -7,6 +7,7 @@ folder, sinks, checkpoints and evaluation; benchmarks and tests build the same p
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from hydra.utils import instantiate
@@ -19,6 +20,7 @@ from machina.keys import Spec
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.system import System
+from machina.training.cuda_graph import CudaGraph
 from machina.training.experience import Experience, trajectory_spec
 from machina.training.learner import Learner
 from machina.training.rollout import Rollout
@@ -75,7 +77,8 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
     )
     optimizer = instantiate(cfg.optimizer)(policy.parameters())
     stopwatch = Stopwatch()
-    rollout = Rollout(env, policy, losses, experience, stopwatch, cuda_graphs=system.cuda_graphs)
+    graph = partial(CudaGraph, device) if system.cuda_graphs else None
+    rollout = Rollout(env, policy, losses, experience, stopwatch, compile=system.compile, graph=graph)
     learner = instantiate(
         cfg.learner,
         policy=policy,
@@ -84,6 +87,7 @@ def build(cfg: DictConfig, rank: int = 0) -> Parts:
         optimizer=optimizer,
         stopwatch=stopwatch,
         compile=system.compile,
+        graph=graph,
     )
     return Parts(system, device, env, policy, losses, experience, optimizer, rollout, learner)
 

@@ -30,8 +30,8 @@ class System:
             runs 1.3-1.6x faster there (BENCHMARKS.md).
         compile_min_timesteps: the run length from which "auto" compiles.
         total_timesteps: the run's length (``trainer.total_timesteps``), for "auto".
-        cuda_graphs: capture the rollout's policy forward as a CUDA graph and replay it every step
-            (``machina/training/cuda_graph.py``); needs a CUDA device.
+        cuda_graphs: replay each rollout step (the policy forward and, where the env allows, its step) and each
+            minibatch update as CUDA graphs (``machina/training/cuda_graph.py``); needs a CUDA device.
         rank: the distributed rank, added to the seed.
     """
 

@@ -163,7 +163,8 @@ def test_emit_full_log_probs_can_be_switched_at_runtime(name):
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_training_sequence_reproduces_step_by_step_rollout(name):
-    """Rollout one step at a time, carrying the state; one [B, T] training forward must give the same numbers."""
+    """Rollout one step at a time with ``act`` (no time axis), carrying the state; one [B, T] training forward must
+    give the same numbers."""
     policy = make_policy(name)
     batch, steps = 4, 6
     obs = random_obs(batch, steps)
@@ -173,16 +174,17 @@ def test_training_sequence_reproduces_step_by_step_rollout(name):
     actions, log_probs, values, full = [], [], [], []
     with torch.no_grad():
         for t in range(steps):
-            td = policy(sequence_td(policy, obs[:, t : t + 1], dones[:, t : t + 1], state))
+            td = policy.act(sequence_td(policy, obs[:, t], dones[:, t], state))
             state = TensorDict({HIDDEN: td[NEXT_HIDDEN], CELL: td[NEXT_CELL]}, batch_size=[batch])
             actions.append(td[ACTIONS])
             log_probs.append(td[ACT_LOG_PROB])
             values.append(td[VALUES])
             full.append(td[FULL_LOG_PROBS])
-        trained = policy(sequence_td(policy, obs, dones, start, actions=torch.cat(actions, 1)))
-    torch.testing.assert_close(trained[ACT_LOG_PROB], torch.cat(log_probs, 1))
-    torch.testing.assert_close(trained[VALUES], torch.cat(values, 1))
-    torch.testing.assert_close(trained[FULL_LOG_PROBS], torch.cat(full, 1))
+            assert td[ACTIONS].shape == (batch,) and td[FULL_LOG_PROBS].shape == (batch, NUM_ACTIONS)
+        trained = policy(sequence_td(policy, obs, dones, start, actions=torch.stack(actions, 1)))
+    torch.testing.assert_close(trained[ACT_LOG_PROB], torch.stack(log_probs, 1))
+    torch.testing.assert_close(trained[VALUES], torch.stack(values, 1))
+    torch.testing.assert_close(trained[FULL_LOG_PROBS], torch.stack(full, 1))
     torch.testing.assert_close(trained[NEXT_HIDDEN], state[HIDDEN])
     torch.testing.assert_close(trained[NEXT_CELL], state[CELL])
 

@@ -64,5 +64,5 @@ def test_each_step_stores_the_reward_and_episode_end_of_its_own_action():
     assert torch.equal(starts[:, 1:].bool(), ended[:, :-1])  # an episode starts right after one ended
     # The bootstrap of every agent's last step: V of the observation the rollout ends on, with the state it ends in.
     with torch.no_grad():
-        ending = trainer.policy(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
-    torch.testing.assert_close(trainer.experience.last_values, ending.squeeze(1))
+        ending = trainer.policy.act(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
+    torch.testing.assert_close(trainer.experience.last_values, ending)

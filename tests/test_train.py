@@ -31,6 +31,7 @@ from machina.training import learner as learner_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer
 from tests.conftest import ROOT, compose_config, run_train
+from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 from tests.wandb_reader import find_runs, read_run
 
 # The seconds-long run of experiment=debug (experiments/debug.yaml), written out so other tests can vary it.
@@ -261,9 +262,17 @@ WIDTH_LINE = next(
 )
 
 
-@pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]", "[sliced_scripted_cloner,ppo]", "[ppo,eer_cloner]"])
-def test_rollout_and_update_make_no_host_sync(losses):
-    trainer = make_trainer([f"losses={losses}"])
+@pytest.mark.parametrize("sampler", ["sequential", "prioritized"])
+@pytest.mark.parametrize(
+    "losses", ["[ppo]", "[ppo,supervisor]", "[sliced_scripted_cloner,ppo]", "[ppo,eer_cloner]", "[ppo,eer_kickstarter]"]
+)
+def test_rollout_and_update_make_no_host_sync(losses, sampler, request):
+    """Every loss and both samplers: no Python-level host read (item, tolist, cpu, numpy, bool, float, int, index)
+    in a rollout step or a minibatch."""
+    teacher_file = []
+    if "kickstarter" in losses:
+        teacher_file = [f"losses.eer_kickstarter.teacher.path={request.getfixturevalue('teacher')}"]
+    trainer = make_trainer([f"losses={losses}", f"experience/sampler={sampler}", *teacher_file])
     syncs: list[str] = []
     with count_host_reads(syncs):
         steps = trainer.rollout.run(trainer.progress)

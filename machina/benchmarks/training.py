@@ -79,12 +79,12 @@ class Setup:
 
         step[keys.EPISODE_START] = torch.zeros(n, device=device)
         state = policy.initial_state(n, device)
-        forward = self.trainer.rollout.forward  # the policy, or its CUDA graph under system.cuda_graphs
+        act = self.trainer.rollout.act  # the policy's rollout step (compiled under system.compile), eager
         with torch.no_grad():
             policy.eval()
             start = time.perf_counter()
             for _ in range(steps):
-                state = next_state(forward(rollout_input(step, state)), state)
+                state = next_state(act(rollout_input(step, state)), state)
             sync(device)
             inference_sps = steps * n / (time.perf_counter() - start)
 

@@ -31,6 +31,10 @@ class Env:
     # state cannot be saved): ``load_state_dict`` starts new episodes, so a restored rollout acts on ``observe()``
     # with fresh recurrent state instead of its saved observation.
     continues_episodes: bool = True
+    # True: ``step`` can be captured in a CUDA graph (fixed shapes and keys, buffers allocated once, no host read,
+    # no random draw, no Python state a replay would skip but the step counter ``prepare_rollout`` is told): a
+    # graphed rollout (``system.cuda_graphs``) then replays the policy forward and the env step as one graph.
+    capturable: bool = False
 
     def reset(self) -> TensorDict:
         """Start every env afresh; return the first observations (zero rewards, no episode ends)."""

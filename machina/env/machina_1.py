@@ -73,10 +73,14 @@ class Machina1Env(Env):
     counter of the episode, ``ep`` [E, 5] this episode's counts (``Episodes.COUNTS``) and, with the teacher,
     ``dist`` int16 [E, P, 8] distance fields (teacher.py).
 
+    ``capturable``: ``step`` replays from a CUDA graph (module docstring).
+
     Every step writes into buffers allocated once; ``step``, ``reset`` and ``observe`` return copies of them, which
     the caller owns (losses keep a step across the next one, so handing out the buffers themselves would let the
     next step change what they hold).
     """
+
+    capturable = True
 
     def __init__(
         self,

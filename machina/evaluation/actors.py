@@ -32,13 +32,13 @@ class PolicyActor:
         self.compared = 0
 
     def __call__(self, step: TensorDict) -> torch.Tensor:
-        out = self.policy(rollout_input(step, self.state))
+        out = self.policy.act(rollout_input(step, self.state))
         self.state = next_state(out, self.state)
-        likeliest = out[keys.LOGITS].argmax(-1).squeeze(1)
+        likeliest = out[keys.LOGITS].argmax(-1)
         if keys.TEACHER_ACTIONS in step.keys():
             self.agreed += (likeliest == step[keys.TEACHER_ACTIONS]).sum()
             self.compared += likeliest.numel()
-        return likeliest if self.greedy else out[keys.ACTIONS].squeeze(1)
+        return likeliest if self.greedy else out[keys.ACTIONS]
 
     def agreement(self) -> float:
         """Share of the compared agent-steps where the policy's most likely action was the teacher's."""

@@ -10,6 +10,7 @@ from torch import nn
 
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
+from machina.losses.schedule import Linear
 from machina.training.state import pack, unpack
 
 
@@ -64,6 +65,11 @@ class Loss(nn.Module):
         for name, value in state.items():
             restored = unpack(value["tensordict"], self.device) if "tensordict" in value else value["tensor"]
             setattr(self, name, restored.to(self.device))
+
+    def scheduled(self) -> list[str]:
+        """Names of this loss's coefficients that change over training (``schedule.Linear``), for the settings that
+        need constants (a captured CUDA graph)."""
+        return [name for name, value in vars(self).items() if isinstance(value, Linear)]
 
     def experience_spec(self, env_spec: EnvSpec) -> Spec:
         """Per-step keys this loss needs stored in the experience buffer, ``{key: (shape, dtype)}``."""

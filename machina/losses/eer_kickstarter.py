@@ -88,10 +88,10 @@ class EERKickstarterLoss(Loss):
     def on_rollout_step(self, step: TensorDict, progress: Progress) -> None:
         if self._state is None:
             self._state = self.teacher.initial_state(step.batch_size[0], step.device)
-        out = self.teacher(rollout_input(step, self._state))
+        out = self.teacher.act(rollout_input(step, self._state))
         self._state = next_state(out, self._state)
-        step[keys.TEACHER_FULL_LOG_PROBS] = out[keys.FULL_LOG_PROBS].squeeze(1)
-        step[keys.TEACHER_VALUES] = out[keys.VALUES].squeeze(1)
+        step[keys.TEACHER_FULL_LOG_PROBS] = out[keys.FULL_LOG_PROBS]
+        step[keys.TEACHER_VALUES] = out[keys.VALUES]
 
     def on_env_step(self, step: TensorDict, progress: Progress) -> None:
         log_prob = step[keys.TEACHER_FULL_LOG_PROBS].gather(-1, step[keys.ACTIONS].unsqueeze(-1)).squeeze(-1)

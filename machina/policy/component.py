@@ -145,6 +145,15 @@ class ComponentPolicy(nn.Module):
         zeros = {key: torch.zeros(num, width, device=device) for key, width in self.state_widths.items()}
         return TensorDict(zeros, batch_size=[num], device=device)
 
+    def act(self, td: TensorDict) -> TensorDict:
+        """One step of N sequences (the rollout's T = 1), with no time axis: ``td`` batch [N] holds the per-step
+        inputs [N, ...] (``OBS``, ``EPISODE_START``) and the state [N, H]; the components write the per-step outputs
+        [N, ...] and ``NEXT_*`` [N, H] into it. The same values as ``forward`` at T = 1, without its reshapes: with
+        one step per sequence the flat step and the sequence TensorDict are the same TensorDict."""
+        for component in self.parts():
+            component(td, td)
+        return td
+
     def forward(self, td: TensorDict) -> TensorDict:
         batch, steps = td[OBS].shape[:2]
         flat = {key: td[key].flatten(0, 1) for key in self.input_spec if key in td}

@@ -9,10 +9,11 @@ STEP_INPUTS = (keys.OBS, keys.EPISODE_START)
 
 
 def rollout_input(step: TensorDict, state: TensorDict) -> TensorDict:
-    """A rollout step (batch [N]) and recurrent state [N] -> input [N] with T = 1 (views, no copies)."""
+    """A rollout step (batch [N]) and recurrent state [N] -> the input of ``policy.act`` (batch [N], no time axis;
+    the same tensors, no copies)."""
     present = step.keys()
     return TensorDict(
-        {**{key: step[key].unsqueeze(1) for key in STEP_INPUTS if key in present}, **state.to_dict()},
+        {**{key: step[key] for key in STEP_INPUTS if key in present}, **state.to_dict()},
         batch_size=[step.batch_size[0]],
     )
 

@@ -1,65 +1,91 @@
-"""CUDA-graph capture of the rollout forward (``system.cuda_graphs=true``).
+"""CUDA-graph replay of the hot path (``system.cuda_graphs=true``): a rollout step and a minibatch update.
 
-A rollout step's policy forward is a few dozen small kernels over fixed shapes; at the batches a rollout uses,
-their launch cost rather than their math bounds it on a GPU. Captured once, the whole forward replays as one launch.
-What makes that sound here:
+At the batches where a GPU is fastest, a rollout step (about 140 env ops and 190 policy ops) and a minibatch update
+(thousands of small kernels of the LSTM's time loop, forward and backward) are bounded by their kernel launches,
+not their math. Captured once, each replays as one launch. What makes that sound here:
 
-- the forward has fixed shapes and no host sync (the rollout guarantees both; ``tests/test_gpu.py`` checks them);
-- the inputs are copied into static buffers before every replay, so the graph always reads the live step;
-- parameters are only ever updated in place (optimizer steps, ``load_state_dict``), so every replay reads the
-  current weights without a re-capture;
-- the Gumbel noise of the action sampling comes from torch's CUDA generator, which graphs replay with fresh offsets.
+- fixed shapes and no host sync (``tests/test_gpu.py`` checks both under ``torch.cuda.set_sync_debug_mode``);
+- the inputs live at fixed addresses (``CapturedCall.inputs``): the caller writes each call's data into them in
+  place, so every replay reads the live step or minibatch;
+- parameters and optimizer state only change in place (optimizer steps with ``capturable=True``, ``load_state_dict``)
+  and the learning rate is a device tensor, so replays read the current values without a re-capture;
+- random numbers (the policy's Gumbel noise, teacher-led draws) come from torch's CUDA generator, whose philox
+  offsets advance on every replay; the env draws none in ``step``;
+- the graph's outputs are its own static memory, overwritten by the next replay: the rollout and the learner read
+  (store, sum, copy) them before the next call and keep nothing else, so nothing is cloned after a replay.
 
-The graph's outputs live in its static memory and the next replay overwrites them, while the rollout keeps the
-recurrent state for the next step and losses may keep a step's actions (the EER kickstarter does): the kept outputs
-are cloned out after each replay, a handful of device copies.
+Host values of a captured function are constants of its graph: the learner refuses graphs for losses whose
+coefficients follow a schedule (``Learner``), and the env's step counter is passed to ``prepare_rollout``.
 """
+
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
-from torch import nn
 
 
-class GraphedForward:
-    """Calls ``policy`` like the rollout does, through a CUDA graph captured at the first call.
+class CudaGraph:
+    """Captures a function as a ``torch.cuda.CUDAGraph`` after ``warmup`` eager calls on a side stream (lazy
+    initialisation, cuDNN/cuBLAS plans, allocator pools and a compiled function's first compile must not happen
+    inside the capture). The warm-up calls have effects (env steps, optimizer steps, random draws): the caller's
+    ``snapshot`` saves what they change and returns the function that puts it back before the capture, so the
+    first replay computes what one eager call would have."""
 
-    Args:
-        policy: the policy, already on its CUDA device; called in place on a TensorDict of batch [N].
-        keep: the output keys the caller reads; only these are returned (cloned out of the static memory).
-        warmup: eager calls on a side stream before the capture (lazy initialisation, cuDNN/cuBLAS plans and a
-            compiled policy's first compile must not happen inside the capture).
-
-    Every call must pass the same keys, shapes and dtypes as the first; the returned TensorDict has batch [N].
-    """
-
-    def __init__(self, policy: nn.Module, keep: tuple[str, ...], warmup: int = 3):
-        self.policy, self.keep, self.warmup = policy, keep, warmup
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static_in: TensorDict | None = None
-        self.static_out: TensorDict | None = None
-
-    @torch.no_grad()
-    def __call__(self, td: TensorDict) -> TensorDict:
-        if self.graph is None:
-            self._capture(td)
-        self.static_in.update_(td)
-        self.graph.replay()
-        return self.static_out.select(*self.keep, strict=False).clone()
-
-    def _capture(self, td: TensorDict) -> None:
-        device = next(self.policy.parameters()).device  # rollout inputs carry no TensorDict device of their own
+    def __init__(self, device: torch.device, warmup: int = 3):
         if device.type != "cuda":
-            raise RuntimeError(f"CUDA-graph capture needs a policy on a CUDA device, got {device}")
-        self.static_in = td.clone()
-        current = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
+            raise RuntimeError(f"CUDA-graph capture needs a CUDA device, got {device}")
+        self.device, self.warmup = device, warmup
+        self.graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn: Callable[[], TensorDict], snapshot: Callable[[], Callable[[], None]]) -> TensorDict:
+        """Run ``fn`` ``warmup`` times, undo their effects, capture it and replay it once (a capture records kernels
+        without running them); return its outputs (the graph's static memory)."""
+        restore = snapshot()
+        rng = torch.cuda.get_rng_state(self.device)
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                # A shallow copy: the policy writes its outputs into the TensorDict it is given, and the static
-                # inputs must keep only the inputs.
-                self.policy(self.static_in.copy())
+                fn()
         current.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
+        restore()
+        torch.cuda.set_rng_state(rng, self.device)
         with torch.cuda.graph(self.graph):
-            self.static_out = self.policy(self.static_in.copy())
+            out = fn()
+        self.graph.replay()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CapturedCall:
+    """``fn(inputs) -> TensorDict`` replayed from a graph captured at the first call.
+
+    Args:
+        fn: reads only ``inputs`` (and parameters, buffers, optimizer state), returns a TensorDict.
+        inputs: the static inputs: the caller fills them in place before each call (``inputs.update_(...)``) or
+            owns them as its live state; shapes, dtypes and keys never change.
+        graph: a ``CudaGraph`` (or, in CPU tests, anything with its ``capture`` / ``replay``).
+        snapshot: saves what ``fn`` changes besides its outputs and returns the function that restores it.
+
+    A call returns the static outputs, valid until the next call.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[TensorDict], TensorDict],
+        inputs: TensorDict,
+        graph,
+        snapshot: Callable[[], Callable[[], None]],
+    ):
+        self.fn, self.inputs, self.graph, self.snapshot = fn, inputs, graph, snapshot
+        self.outputs: TensorDict | None = None
+
+    def __call__(self) -> TensorDict:
+        if self.outputs is None:
+            self.outputs = self.graph.capture(lambda: self.fn(self.inputs), self.snapshot)
+        else:
+            self.graph.replay()
+        return self.outputs

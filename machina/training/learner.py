@@ -3,9 +3,11 @@
 Per update epoch: advantages over every agent's whole rollout (V-trace ratios from the previous pass), then the
 sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms,
 backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``; with ``compile`` (``system.compile``)
-that whole update is one ``torch.compile``d function, timed as ``train.update``. Metrics stay on the device and are
-summed; the trainer reads them once per epoch. Under torchrun the forward goes through DDP
-(``machina.distributed.wrap``), which averages the gradients over the ranks during backward.
+that whole update is one ``torch.compile``d function, and with ``graph`` (``system.cuda_graphs``) one CUDA graph
+per token width, replayed on a static copy of each minibatch (``cuda_graph.py``); both are timed as
+``train.update``. Metrics stay on the device and are summed; the trainer reads them once per epoch. Under torchrun
+the forward goes through DDP (``machina.distributed.wrap``), which averages the gradients over the ranks during
+backward.
 """
 
 import math
@@ -22,6 +24,7 @@ from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
 from machina.training.advantage import agent_major, compute_advantages, segment_major
+from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
 
 
@@ -37,6 +40,11 @@ class Learner:
             done (``machina.training.lr_schedules``); set once per epoch.
         target_kl: stop the epoch's remaining update passes once a pass's mean ``approx_kl`` (PPO's metric)
             exceeds it (CleanRL's ``target_kl``); costs one host read per update pass. None: never.
+        compact_tokens: train on token observations cut to the epoch's widest real observation (``prepare``).
+        compile: ``torch.compile`` the whole minibatch update.
+        graph: a factory of CUDA-graph captures (``cuda_graph.CudaGraph`` bound to the device), or None. A graph
+            runs the optimizer with ``capturable=True`` and the learning rate in a device tensor; it refuses
+            losses whose coefficients follow a schedule (a captured host value is a constant) and torchrun.
     """
 
     def __init__(
@@ -56,6 +64,7 @@ class Learner:
         target_kl: float | None = None,
         compact_tokens: bool = True,
         compile: bool = False,
+        graph: Callable[[], object] | None = None,
     ):
         if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
             raise ConfigError(f"learner.update_epochs must be an integer >= 1, got {update_epochs!r}")
@@ -88,11 +97,18 @@ class Learner:
         self.minibatches = 0
         self.source = experience.buffer  # what the minibatches are drawn from (prepare)
         self.compiled_update = None
-        if compile:
-            # The scheduled learning rate lives in a tensor the compiled optimizer step reads: a Python float would be
-            # a constant of its graph, recompiled every epoch.
+        self.graph, self.graphs = graph, {}  # token width -> CapturedCall of the update
+        if graph is not None:
+            check_graphable(losses, self.model is self.policy)
+            for group in optimizer.param_groups:
+                # Step counts on the device, no host read in the step (CUDA; CPU tests capture nothing).
+                group["capturable"] = experience.device.type == "cuda"
+        if compile or graph is not None:
+            # The scheduled learning rate lives in a tensor the compiled or captured optimizer step reads: a Python
+            # float would be a constant of its graph (recompiled every epoch, or frozen in a CUDA graph).
             for group in optimizer.param_groups:
                 group["lr"] = torch.tensor(float(group["lr"]), device=experience.device)
+        if compile:
             self.compiled_update = torch.compile(self._update)
 
     def state_dict(self) -> dict:
@@ -147,11 +163,17 @@ class Learner:
                     minibatch[keys.ADVANTAGES] = advantages[idx]
                     minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
                     state = exp.row_state[idx]
-                if self.compiled_update is None:
-                    new_log_prob, kl = self._update_timed(stored, minibatch, state, progress)
-                else:
+                if self.graph is not None:
                     with sw.time("train.update"):
-                        new_log_prob, kl = self.compiled_update(stored, minibatch, state, progress)
+                        new_log_prob, kl, metrics, host = self._update_graphed(stored, minibatch, state, progress)
+                elif self.compiled_update is not None:
+                    with sw.time("train.update"):
+                        new_log_prob, kl, metrics, host = self.compiled_update(stored, minibatch, state, progress)
+                else:
+                    new_log_prob, kl, metrics, host = self._update_timed(stored, minibatch, state, progress)
+                for name, value in metrics.items():
+                    self._add(name, value)
+                self.once.update(host)
                 kl_sum += kl
                 # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
                 buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
@@ -171,42 +193,89 @@ class Learner:
         source[keys.OBS] = buffer[keys.OBS][..., :width, :]
         return source
 
-    def _update_timed(
-        self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One minibatch's update, eager, with its phases timed apart; returns (new act_log_prob [S, T], kl)."""
+    def _update_timed(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
+        """One minibatch's update, eager, with its phases timed apart; returns what ``_update`` does."""
         with self.stopwatch.time("train.forward"):
-            policy_out, total, kl = self._forward(stored, minibatch, state, progress)
+            policy_out, total, kl, metrics, host = self._forward(stored, minibatch, state, progress)
         with self.stopwatch.time("train.backward"):
             total.backward()
         with self.stopwatch.time("train.optimizer"):
-            self._step()
-        return policy_out[keys.ACT_LOG_PROB].detach(), kl
+            metrics["train/grad_norm"] = self._step()
+        return policy_out[keys.ACT_LOG_PROB].detach(), kl, metrics, host
 
     def _update(
         self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
         """One minibatch's whole update (forward, losses, backward, clip, optimizer step) in one function, which
-        ``torch.compile`` turns into graphs (forward and losses with their backward, then clip and step)."""
-        policy_out, total, kl = self._forward(stored, minibatch, state, progress)
+        ``torch.compile`` turns into graphs (forward and losses with their backward, then clip and step). Returns
+        (new act_log_prob [S, T], the summed approx_kl, device metrics, host metrics)."""
+        policy_out, total, kl, metrics, host = self._forward(stored, minibatch, state, progress)
         total.backward()
-        self._step()
-        return policy_out[keys.ACT_LOG_PROB].detach(), kl
+        metrics["train/grad_norm"] = self._step()
+        return policy_out[keys.ACT_LOG_PROB].detach(), kl, metrics, host
 
-    def _forward(
-        self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress
-    ) -> tuple[TensorDict, torch.Tensor, torch.Tensor]:
+    def _update_graphed(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
+        """``_update`` replayed from the CUDA graph of this token width (captured at its first minibatch) on a static
+        copy of the minibatch."""
+        width = stored[keys.OBS].shape[2] if self.compact_tokens else 0
+        if width not in self.graphs:
+            inputs = TensorDict({"stored": stored, "minibatch": minibatch, "state": state}, batch_size=state.batch_size)
+            inputs = inputs.clone()
+            host: dict[str, float] = {}
+
+            def update(static: TensorDict) -> TensorDict:
+                new_log_prob, kl, metrics, values = self._update(
+                    static["stored"], static["minibatch"], static["state"], progress
+                )
+                host.update(values)  # constants of the graph (check_graphable refuses scheduled ones)
+                return TensorDict({"new_log_prob": new_log_prob, "kl": kl, **metrics}, batch_size=[])
+
+            self.graphs[width] = (CapturedCall(update, inputs, self.graph(), self._snapshot), host)
+        else:
+            call, _ = self.graphs[width]
+            call.inputs.update_({"stored": stored, "minibatch": minibatch, "state": state})
+        call, host = self.graphs[width]
+        out = call()
+        metrics = {name: value for name, value in out.items() if name not in ("new_log_prob", "kl")}
+        return out["new_log_prob"], out["kl"], metrics, dict(host)
+
+    def _snapshot(self) -> Callable[[], None]:
+        """Save the parameters and the optimizer's state (a capture's warm-up updates change them); return the
+        function that writes them back in place. State that the warm-up created is zeroed: a fresh state."""
+        params = [p.detach().clone() for p in self.policy.parameters()]
+        saved = {
+            param: {name: value.clone() for name, value in state.items() if isinstance(value, torch.Tensor)}
+            for param, state in self.optimizer.state.items()
+        }
+
+        @torch.no_grad()
+        def restore() -> None:
+            for param, value in zip(self.policy.parameters(), params, strict=True):
+                param.copy_(value)
+            for param, state in self.optimizer.state.items():
+                for name, value in state.items():
+                    if isinstance(value, torch.Tensor) and param in saved:
+                        value.copy_(saved[param][name])
+                    elif isinstance(value, torch.Tensor):
+                        value.zero_()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        return restore
+
+    def _forward(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
+        """The policy forward and the losses: (policy outputs, summed loss, summed approx_kl, metrics, host)."""
         policy_out = self.model(training_input(stored, state))
-        total, kl = self._losses(minibatch, policy_out, progress)
+        total, kl, metrics, host = self._losses(minibatch, policy_out, progress)
         if self.model is not self.policy:
             total = total + distributed.zero_term(self.policy)
-        return policy_out, total, kl
+        return policy_out, total, kl, metrics, host
 
-    def _step(self) -> None:
+    def _step(self) -> torch.Tensor:
+        """Clip, optimizer step, zero the gradients; returns the gradient norm before clipping (0-d, on device)."""
         grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._add("train/grad_norm", grad_norm)
+        return grad_norm
 
     def _advantages(self, buffer: TensorDict) -> torch.Tensor:
         """float32 [S, T]: advantages over each agent's whole rollout, in the buffer's segment layout."""
@@ -232,25 +301,26 @@ class Learner:
         )
         return segment_major(advantages, segments)
 
-    def _losses(
-        self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The summed ``loss_*`` terms and the summed ``approx_kl`` metrics (for target_kl) of one minibatch."""
+    def _losses(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress):
+        """One minibatch's summed ``loss_*`` terms, summed ``approx_kl`` metrics (for target_kl), device metrics
+        ``losses/<loss>/<key>`` and host metrics (schedules, never sent to the device)."""
         total = torch.zeros((), device=self.experience.device)
         kl = torch.zeros((), device=self.experience.device)
+        metrics: dict[str, torch.Tensor] = {}
+        host: dict[str, float] = {}
         for name, loss in self.losses.items():
             for key, value in loss(minibatch, policy_out, progress).items():
                 metric = f"losses/{name}/{key}"
                 if not isinstance(value, torch.Tensor):
-                    self.once[metric] = float(value)  # a host value: never sent to the device
+                    host[metric] = float(value)
                 elif key.startswith("loss_"):
                     total = total + value
-                    self._add(metric, value.detach())
+                    metrics[metric] = value.detach()
                 else:
-                    self._add(metric, value)
+                    metrics[metric] = value
                     if key == "approx_kl":
                         kl = kl + value
-        return total, kl
+        return total, kl, metrics, host
 
     def _add(self, name: str, value: torch.Tensor) -> None:
         if name in self.sums:
@@ -271,6 +341,20 @@ class Learner:
                 host[name] = value
         self.sums, self.once, self.minibatches = {}, {}, 0
         return device, host
+
+
+def check_graphable(losses: dict[str, Loss], single_process: bool) -> None:
+    """Refuse what a captured update cannot do: follow a loss coefficient's schedule (a host value is a constant of
+    the graph) or average gradients over ranks (DDP's collectives are not captured here)."""
+    if not single_process:
+        raise ConfigError("system.cuda_graphs=true captures a single process's update; run it without torchrun")
+    for name, loss in losses.items():
+        scheduled = loss.scheduled()
+        if scheduled:
+            raise ConfigError(
+                f"loss '{name}' follows a schedule ({', '.join(scheduled)}), which a CUDA graph would freeze at its "
+                f"capture; make losses.{name}.* constants or set system.cuda_graphs=false"
+            )
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,19 @@
 """The rollout phase: act in the env until the experience buffer is full.
 
 One step, for all N agents at once:
-    policy acts on the current observation (recurrent state carried per agent, zeroed where an episode began)
+    policy acts on the live step (its observation and each agent's recurrent state, zeroed where an episode began)
     -> losses' ``on_rollout_step`` (teacher-led actions) -> env.step(ACTIONS) -> the step gets the action's reward
     and episode end (and V(final observation) on truncations the env does not observe) -> losses' ``on_env_step``
-    (reward shaping) -> store.
+    (reward shaping) -> store -> the env's new observation and the policy's next state are copied into the live step.
 After the last step, one more forward gives V of the observation the rollout ends on: the bootstrap of every
 agent's last stored step. Nothing here reads a device value on the host.
+
+The live step is allocated once and written in place, so a step reads and writes fixed addresses: with a graph
+(``system.cuda_graphs``) the policy forward and the env step replay as one CUDA graph when no loss acts between
+them, else the forward alone does (``cuda_graph.py``).
 """
+
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
@@ -16,8 +22,7 @@ from torch import nn
 from machina import keys
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
-from machina.policy.inputs import next_state, rollout_input
-from machina.training.cuda_graph import GraphedForward
+from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
 from machina.training.state import pack, unpack
 
@@ -25,17 +30,20 @@ from machina.training.state import pack, unpack
 OUTCOME_KEYS = (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED)
 # Policy outputs the loss hooks read at rollout even when the buffer does not store them.
 HOOK_INPUTS = frozenset({keys.FULL_LOG_PROBS})
+ENV = "env"  # the env's result, nested in the outputs of a captured whole step
 
 
 class Rollout:
-    """Owns the live env state between epochs: the latest observation and each agent's recurrent state.
+    """Owns the live env state between epochs: the step the policy acts on next and each agent's recurrent state.
 
     Args:
         env: a batched env (``machina.env.base.Env``).
-        policy: the component policy; called with batch [N, 1].
+        policy: the component policy; ``policy.act`` runs on batch [N].
         losses: enabled losses, in order; their rollout hooks run around the env step.
         experience: the buffer to fill.
-        cuda_graphs: run the policy's forward through a CUDA graph captured at the first step (``cuda_graph.py``).
+        compile: ``torch.compile`` the policy's rollout step (``system.compile``).
+        graph: a factory of graph captures (``cuda_graph.CudaGraph`` bound to the device: ``system.cuda_graphs``),
+            or None to run every step eagerly.
     """
 
     def __init__(
@@ -45,21 +53,38 @@ class Rollout:
         losses: dict[str, Loss],
         experience: Experience,
         stopwatch: Stopwatch,
-        cuda_graphs: bool = False,
+        compile: bool = False,
+        graph: Callable[[], object] | None = None,
     ):
         self.env, self.policy, self.losses, self.experience, self.stopwatch = env, policy, losses, experience, stopwatch
         self.device = experience.device
         self.num_agents = env.spec.num_agents
         self.bootstrap_truncations = not env.spec.observes_time
-        self.step_td = self._next_step(env.reset(), torch.ones(self.num_agents, dtype=torch.bool, device=self.device))
-        self.state = policy.initial_state(self.num_agents, self.device)
+        self.state_keys = policy.state_keys
+        # The live step: the env's observation keys, EPISODE_START and the recurrent state, batch [N].
+        self.live = self._observed(env.reset())
+        self.live.update(policy.initial_state(self.num_agents, self.device))
         # Policy outputs that rollout hooks and the buffer may read: those the policy writes per step.
         self.policy_keys = tuple(k for k in policy.output_keys() if k in experience.step_keys or k in HOOK_INPUTS)
-        # The rollout forward: input batch [N] with T = 1 -> outputs including the next state.
-        if cuda_graphs:
-            self.forward = GraphedForward(policy, keep=(*self.policy_keys, *keys.NEXT_STATE.values()))
-        else:
-            self.forward = policy
+        self.keep = (*self.policy_keys, *(keys.NEXT_STATE[k] for k in self.state_keys))
+        self.act = torch.compile(policy.act) if compile else policy.act
+        self.whole_step = self.forward = None  # captured calls, when graphed
+        if graph is not None:
+            hooks_between = any(type(loss).on_rollout_step is not Loss.on_rollout_step for loss in losses.values())
+            if env.capturable and not hooks_between:
+                self.whole_step = CapturedCall(self._act_and_step, self.live, graph(), self._env_snapshot)
+            else:
+                self.forward = CapturedCall(self._act, self.live, graph(), lambda: lambda: None)
+
+    @property
+    def step_td(self) -> TensorDict:
+        """The step the policy acts on next (batch [N]): the live step without the recurrent state."""
+        return self.live.exclude(*self.state_keys)
+
+    @property
+    def state(self) -> TensorDict:
+        """Each agent's recurrent state before the next step (batch [N]; no keys for a feed-forward policy)."""
+        return self.live.select(*self.state_keys)
 
     def state_dict(self) -> dict:
         """The observation the next rollout acts on and each agent's recurrent state, as plain data."""
@@ -71,9 +96,8 @@ class Rollout:
         started new episodes on load (``continues_episodes`` False) is acted on from its first observations with
         fresh recurrent state: the saved ones belong to episodes that no longer exist."""
         if not self.env.continues_episodes:
-            start = torch.ones(self.num_agents, dtype=torch.bool, device=self.device)
-            self.step_td = self._next_step(self.env.observe(), start)
-            self.state = self.policy.initial_state(self.num_agents, self.device)
+            self.live.update_(self._observed(self.env.observe()))
+            self.live.update_(self.policy.initial_state(self.num_agents, self.device))
             return
         step = unpack(saved["step"], self.device)
         missing = [key for key in self.step_td.keys() if key not in step.keys()]
@@ -81,8 +105,8 @@ class Rollout:
             current = self.env.observe()
             for key in missing:
                 step[key] = current[key]
-        self.step_td = step.select(*self.step_td.keys())
-        self.state = unpack(saved["state"], self.device)
+        self.live.update_(step.select(*self.step_td.keys()))
+        self.live.update_(unpack(saved["state"], self.device))
 
     @torch.no_grad()
     def run(self, progress: Progress) -> int:
@@ -95,33 +119,68 @@ class Rollout:
             loss.on_rollout_start(progress)
         steps = 0
         while not exp.full:
-            step = self.step_td
-            with sw.time("rollout.inference"):
-                out = self.forward(rollout_input(step, self.state))
-                for key in self.policy_keys:
-                    step[key] = out[key].squeeze(1)
-                state_after = next_state(out, self.state)
-            with sw.time("rollout.hooks"):
-                for loss in self.losses.values():
-                    loss.on_rollout_step(step, progress)
-            with sw.time("rollout.env"):
-                result = self.env.step(step[keys.ACTIONS])
+            if self.whole_step is not None:
+                with sw.time("rollout.step"):
+                    out = self.whole_step()
+                    result = out[ENV]
+                step = self._step(out)
+            else:
+                with sw.time("rollout.inference"):
+                    out = self.forward() if self.forward is not None else self._act(self.live)
+                step = self._step(out)
+                with sw.time("rollout.hooks"):
+                    for loss in self.losses.values():
+                        loss.on_rollout_step(step, progress)
+                with sw.time("rollout.env"):
+                    result = self.env.step(step[keys.ACTIONS])
             with sw.time("rollout.hooks"):
                 step.update({key: result[key] for key in OUTCOME_KEYS})
                 if self.bootstrap_truncations:
-                    step[keys.FINAL_VALUES] = self._final_values(result, state_after)
+                    step[keys.FINAL_VALUES] = self._final_values(result, out)
                 for loss in self.losses.values():
                     loss.on_env_step(step, progress)
             with sw.time("rollout.store"):
-                exp.store(step, self.state)
-            self.state = state_after
-            self.step_td = self._next_step(result, result[keys.TERMINATED] | result[keys.TRUNCATED])
+                exp.store(step, self.live)
+                self._advance(result, out)
             steps += self.num_agents
         with sw.time("rollout.inference"):
-            exp.last_values.copy_(self.forward(rollout_input(self.step_td, self.state))[keys.VALUES].squeeze(1))
+            exp.last_values.copy_(self.act(self.live.copy())[keys.VALUES])
         return steps
 
-    def _final_values(self, result: TensorDict, state_after: TensorDict) -> torch.Tensor:
+    def _act(self, live: TensorDict) -> TensorDict:
+        """The policy's outputs for the live step: the kept per-step outputs and the next state, batch [N]."""
+        return self.act(live.copy()).select(*self.keep)  # a shallow copy: the live step keeps only its inputs
+
+    def _act_and_step(self, live: TensorDict) -> TensorDict:
+        """``_act`` then the env step of its actions (the env's result under ``ENV``): one rollout step's device
+        work when no loss acts between the two."""
+        out = self._act(live)
+        out[ENV] = self.env.step(out[keys.ACTIONS])
+        return out
+
+    def _env_snapshot(self) -> Callable[[], None]:
+        """Save the env (warm-up steps of a capture advance it); return the function that restores it."""
+        saved = self.env.state_dict()
+        return lambda: self.env.load_state_dict(saved)
+
+    def _step(self, out: TensorDict) -> TensorDict:
+        """The step as hooks and the buffer see it: the live step's inputs and the policy's outputs (no copies)."""
+        step = self.live.exclude(*self.state_keys)
+        step.update(out.select(*self.policy_keys))
+        return step
+
+    def _advance(self, result: TensorDict, out: TensorDict) -> None:
+        """Copy the env's new observation and the policy's next state into the live step."""
+        live = self.live
+        for key in live.keys():
+            if key == keys.EPISODE_START:
+                torch.logical_or(result[keys.TERMINATED], result[keys.TRUNCATED], out=live[key])
+            elif key in keys.NEXT_STATE:
+                live[key].copy_(out[keys.NEXT_STATE[key]])
+            else:
+                live[key].copy_(result[key])
+
+    def _final_values(self, result: TensorDict, out: TensorDict) -> torch.Tensor:
         """V(FINAL_OBS) where an agent was truncated, else 0: float32 [N]. The final observation continues the
         episode the state belongs to, so the policy sees it with that state and no reset."""
         if keys.FINAL_OBS not in result.keys():  # no truncation on this step (a key check, not a device read)
@@ -130,12 +189,12 @@ class Rollout:
             {keys.OBS: result[keys.FINAL_OBS], keys.EPISODE_START: torch.zeros(self.num_agents, device=self.device)},
             batch_size=[self.num_agents],
         )
-        values = self.forward(rollout_input(final, state_after))[keys.VALUES].squeeze(1)
+        final.update({key: out[keys.NEXT_STATE[key]] for key in self.state_keys})
+        values = self.act(final)[keys.VALUES]
         return torch.where(result[keys.TRUNCATED], values, 0.0)
 
-    @staticmethod
-    def _next_step(result: TensorDict, episode_start: torch.Tensor) -> TensorDict:
-        """The step the policy acts on next: the env's observation (and teacher actions), marking episode starts."""
+    def _observed(self, result: TensorDict) -> TensorDict:
+        """The env's observation keys of ``result`` (outcomes dropped) with ``EPISODE_START`` 1: a first step."""
         step = result.exclude(*OUTCOME_KEYS, keys.FINAL_OBS)
-        step[keys.EPISODE_START] = episode_start.float()
+        step[keys.EPISODE_START] = torch.ones(self.num_agents, device=self.device)
         return step

@@ -1,0 +1,126 @@
+"""The CUDA-graph paths' plumbing, on the CPU: static inputs, outputs that each replay overwrites, warm-up effects
+undone before the capture. A graph's semantics are those of its function run on the static inputs with its outputs
+written into the same memory every replay; ``Rerun`` stands in for the GPU with exactly that, so a graphed rollout
+and a graphed learner must train what the eager ones train. (``tests/test_gpu.py`` captures real graphs.)"""
+
+import pytest
+import torch
+
+from machina import keys
+from machina.build import build, build_trainer
+from machina.errors import ConfigError
+from machina.training.cuda_graph import CapturedCall
+from machina.training.learner import Learner
+from machina.training.rollout import Rollout
+from tests.conftest import compose_config
+from tests.test_train import TINY
+
+
+class Rerun:
+    """A CPU stand-in for ``CudaGraph``: ``capture`` warms up, restores, then runs the function once; ``replay``
+    runs it again and writes its outputs into the first call's tensors, as a replay writes its static memory."""
+
+    warmup = 2
+
+    def capture(self, fn, snapshot):
+        restore = snapshot()
+        rng = torch.get_rng_state()
+        for _ in range(self.warmup):
+            fn()
+        restore()
+        torch.set_rng_state(rng)
+        self.fn, self.out = fn, fn()
+        return self.out
+
+    def replay(self):
+        self.out.update_(self.fn())
+
+
+def graphed(trainer) -> None:
+    """Rebuild ``trainer``'s rollout and learner as ``system.cuda_graphs`` would, with ``Rerun`` graphs."""
+    r, learner = trainer.rollout, trainer.learner
+    env = r.env.state_dict()  # a new Rollout resets the env
+    trainer.rollout = Rollout(r.env, r.policy, r.losses, r.experience, r.stopwatch, graph=Rerun)
+    r.env.load_state_dict(env)
+    trainer.rollout.live.update_(r.live)
+    trainer.learner = Learner(
+        learner.policy, learner.losses, learner.experience, learner.optimizer, learner.stopwatch,
+        learner.lr_schedule, update_epochs=2, graph=Rerun,
+    )  # fmt: skip
+
+
+def trained(overrides, graph: bool):
+    cfg = compose_config([*TINY, "system.threads=1", "experience/sampler=prioritized", *overrides])
+    trainer = build_trainer(cfg, build(cfg), sinks=[])
+    if graph:
+        graphed(trainer)
+    else:
+        trainer.learner.update_epochs = 2
+    torch.manual_seed(0)
+    for _ in range(2):
+        trainer.run_epoch()
+    metrics = trainer.learner.pop_metrics()
+    return trainer, metrics
+
+
+@pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]"])
+def test_graphed_rollout_and_update_train_what_eager_ones_do(losses):
+    """[ppo]: the forward and the env step as one graph; [ppo,supervisor]: teacher-led actions between them, so the
+    forward alone. Both with prioritized sampling and two update passes (the second reads written-back ratios)."""
+    (eager, eager_metrics), (graph, graph_metrics) = (trained([f"losses={losses}"], g) for g in (False, True))
+    whole = losses == "[ppo]"
+    assert (graph.rollout.whole_step is not None) == whole and (graph.rollout.forward is not None) != whole
+    assert len(graph.learner.graphs) >= 1
+    for key in eager.experience.buffer.keys():
+        torch.testing.assert_close(graph.experience.buffer[key], eager.experience.buffer[key], msg=key)
+    for (name, a), b in zip(eager.policy.named_parameters(), graph.policy.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert set(graph_metrics[0]) == set(eager_metrics[0]) and graph_metrics[1].keys() == eager_metrics[1].keys()
+    for name, value in eager_metrics[0].items():
+        torch.testing.assert_close(graph_metrics[0][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_captured_call_reads_its_live_inputs_and_overwrites_its_outputs():
+    from tensordict import TensorDict
+
+    inputs = TensorDict({"x": torch.zeros(3)}, batch_size=[3])
+    calls = []
+    snapshot = lambda: lambda: calls.append("restored")  # noqa: E731
+    call = CapturedCall(lambda td: TensorDict({"y": td["x"] * 2}, [3]), inputs, Rerun(), snapshot)
+    first = call()
+    assert calls == ["restored"]  # the warm-up's effects are undone once, before the capture
+    inputs["x"].copy_(torch.tensor([1.0, 2.0, 3.0]))
+    second = call()
+    assert second is first  # the same static memory...
+    assert torch.equal(first["y"], torch.tensor([2.0, 4.0, 6.0]))  # ...holding the replay of the live inputs
+    assert calls == ["restored"]
+
+
+def test_graphs_refuse_scheduled_coefficients_and_ranks():
+    cfg = compose_config(
+        [
+            *TINY,
+            "losses=[ppo,supervisor]",
+            "+losses.supervisor.teacher_led_proportion={_target_: machina.losses.schedule.Linear, start: 0.5, "
+            "end: 0.0, end_step: 1000}",
+        ]
+    )
+    parts = build(cfg)
+    learner = parts.learner
+    with pytest.raises(ConfigError, match="loss 'supervisor' follows a schedule"):
+        Learner(learner.policy, parts.losses, parts.experience, parts.optimizer, learner.stopwatch,
+                learner.lr_schedule, graph=Rerun)  # fmt: skip
+
+
+def test_a_graphed_rollout_restores_the_env_after_its_warm_up():
+    cfg = compose_config([*TINY, "system.threads=1"])
+    parts = build(cfg)
+    env, eager_env = parts.env, build(cfg).env
+    rollout = Rollout(env, parts.policy, parts.losses, parts.experience, parts.rollout.stopwatch, graph=Rerun)
+    eager_env.reset()  # as the Rollout just did to its env
+    out = rollout.whole_step()  # warm-up steps, restore, then the one step
+    result = eager_env.step(out[keys.ACTIONS])
+    for key in (keys.OBS, keys.REWARDS, keys.TRUNCATED):
+        assert torch.equal(out["env"][key], result[key]), key
+    for key, value in eager_env.state_dict().items():
+        assert torch.equal(env.state_dict()[key], value), key
