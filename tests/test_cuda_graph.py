@@ -70,7 +70,7 @@ def test_graphed_rollout_and_update_train_what_eager_ones_do(losses):
     (eager, eager_metrics), (graph, graph_metrics) = (trained([f"losses={losses}"], g) for g in (False, True))
     whole = losses == "[ppo]"
     assert (graph.rollout.whole_step is not None) == whole and (graph.rollout.forward is not None) != whole
-    assert len(graph.learner.graphs) >= 1
+    assert len(graph.learner.graphed.graphs) >= 1
     for key in eager.experience.buffer.keys():
         torch.testing.assert_close(graph.experience.buffer[key], eager.experience.buffer[key], msg=key)
     for (name, a), b in zip(eager.policy.named_parameters(), graph.policy.parameters(), strict=True):

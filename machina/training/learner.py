@@ -24,8 +24,8 @@ from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
 from machina.training.advantage import agent_major, compute_advantages, segment_major
-from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
+from machina.training.graphed_update import GraphedUpdate
 
 
 class Learner:
@@ -96,20 +96,16 @@ class Learner:
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
         self.source = experience.buffer  # what the minibatches are drawn from (prepare)
-        self.compiled_update = None
-        self.graph, self.graphs = graph, {}  # token width -> CapturedCall of the update
-        if graph is not None:
-            check_graphable(losses, self.model is self.policy)
-            for group in optimizer.param_groups:
-                # Step counts on the device, no host read in the step (CUDA; CPU tests capture nothing).
-                group["capturable"] = experience.device.type == "cuda"
         if compile or graph is not None:
             # The scheduled learning rate lives in a tensor the compiled or captured optimizer step reads: a Python
             # float would be a constant of its graph (recompiled every epoch, or frozen in a CUDA graph).
             for group in optimizer.param_groups:
                 group["lr"] = torch.tensor(float(group["lr"]), device=experience.device)
-        if compile:
-            self.compiled_update = torch.compile(self._update)
+        self.compiled_update = torch.compile(self._update) if compile else None
+        self.graphed = None
+        if graph is not None:  # replays the compiled update when both are on
+            update, single_process = self.compiled_update or self._update, self.model is self.policy
+            self.graphed = GraphedUpdate(update, policy, optimizer, losses, single_process, graph)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}
@@ -163,9 +159,9 @@ class Learner:
                     minibatch[keys.ADVANTAGES] = advantages[idx]
                     minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
                     state = exp.row_state[idx]
-                if self.graph is not None:
+                if self.graphed is not None:
                     with sw.time("train.update"):
-                        new_log_prob, kl, metrics, host = self._update_graphed(stored, minibatch, state, progress)
+                        new_log_prob, kl, metrics, host = self.graphed(stored, minibatch, state, progress)
                 elif self.compiled_update is not None:
                     with sw.time("train.update"):
                         new_log_prob, kl, metrics, host = self.compiled_update(stored, minibatch, state, progress)
@@ -213,54 +209,6 @@ class Learner:
         total.backward()
         metrics["train/grad_norm"] = self._step()
         return policy_out[keys.ACT_LOG_PROB].detach(), kl, metrics, host
-
-    def _update_graphed(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
-        """``_update`` replayed from the CUDA graph of this token width (captured at its first minibatch) on a static
-        copy of the minibatch."""
-        width = stored[keys.OBS].shape[2] if self.compact_tokens else 0
-        if width not in self.graphs:
-            inputs = TensorDict({"stored": stored, "minibatch": minibatch, "state": state}, batch_size=state.batch_size)
-            inputs = inputs.clone()
-            host: dict[str, float] = {}
-
-            def update(static: TensorDict) -> TensorDict:
-                new_log_prob, kl, metrics, values = self._update(
-                    static["stored"], static["minibatch"], static["state"], progress
-                )
-                host.update(values)  # constants of the graph (check_graphable refuses scheduled ones)
-                return TensorDict({"new_log_prob": new_log_prob, "kl": kl, **metrics}, batch_size=[])
-
-            self.graphs[width] = (CapturedCall(update, inputs, self.graph(), self._snapshot), host)
-        else:
-            call, _ = self.graphs[width]
-            call.inputs.update_({"stored": stored, "minibatch": minibatch, "state": state})
-        call, host = self.graphs[width]
-        out = call()
-        metrics = {name: value for name, value in out.items() if name not in ("new_log_prob", "kl")}
-        return out["new_log_prob"], out["kl"], metrics, dict(host)
-
-    def _snapshot(self) -> Callable[[], None]:
-        """Save the parameters and the optimizer's state (a capture's warm-up updates change them); return the
-        function that writes them back in place. State that the warm-up created is zeroed: a fresh state."""
-        params = [p.detach().clone() for p in self.policy.parameters()]
-        saved = {
-            param: {name: value.clone() for name, value in state.items() if isinstance(value, torch.Tensor)}
-            for param, state in self.optimizer.state.items()
-        }
-
-        @torch.no_grad()
-        def restore() -> None:
-            for param, value in zip(self.policy.parameters(), params, strict=True):
-                param.copy_(value)
-            for param, state in self.optimizer.state.items():
-                for name, value in state.items():
-                    if isinstance(value, torch.Tensor) and param in saved:
-                        value.copy_(saved[param][name])
-                    elif isinstance(value, torch.Tensor):
-                        value.zero_()
-            self.optimizer.zero_grad(set_to_none=True)
-
-        return restore
 
     def _forward(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
         """The policy forward and the losses: (policy outputs, summed loss, summed approx_kl, metrics, host)."""
@@ -341,20 +289,6 @@ class Learner:
                 host[name] = value
         self.sums, self.once, self.minibatches = {}, {}, 0
         return device, host
-
-
-def check_graphable(losses: dict[str, Loss], single_process: bool) -> None:
-    """Refuse what a captured update cannot do: follow a loss coefficient's schedule (a host value is a constant of
-    the graph) or average gradients over ranks (DDP's collectives are not captured here)."""
-    if not single_process:
-        raise ConfigError("system.cuda_graphs=true captures a single process's update; run it without torchrun")
-    for name, loss in losses.items():
-        scheduled = loss.scheduled()
-        if scheduled:
-            raise ConfigError(
-                f"loss '{name}' follows a schedule ({', '.join(scheduled)}), which a CUDA graph would freeze at its "
-                f"capture; make losses.{name}.* constants or set system.cuda_graphs=false"
-            )
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
