@@ -6,6 +6,9 @@ which no episode ended) are gaps.
 
 ``python -m machina.plot RUN_DIR... --returns --out PATH``: one panel of the training return of several runs (seeds
 of one recipe), each as a running mean over ``--window`` epochs that ended an episode (docs/gymnasium.md's curves).
+``--metric eval/return`` draws the periodic evaluation instead (``trainer.eval_interval``), ``--x minutes``
+against training wall time (the sum of ``timing/epoch``; evaluation is timed apart) instead of agent steps, and
+``--line teacher=7.88`` adds a labelled horizontal reference (docs/learning.md's curves).
 """
 
 import argparse
@@ -62,18 +65,44 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
-def plot_returns(run_dirs: list[str | Path], out: str | Path, window: int = 10, title: str = "") -> Path:
-    """Draw each run's ``overview/reward`` against agent steps, as a running mean over the last ``window`` epochs
-    with a finite value (epochs in which no episode ended have none), labelled with its folder's name."""
+X_AXES = {"steps": "agent steps", "minutes": "training wall time (minutes)"}
+
+
+def curve(
+    rows: list[dict[str, float]], metric: str = "overview/reward", x: str = "steps", window: int = 10
+) -> tuple[list[float], list[float]]:
+    """(x, y) of one run: ``metric`` in the epochs where it is finite, as a running mean over the last ``window`` of
+    them, against agent steps or the minutes of training up to the end of that epoch."""
+    minutes, points = 0.0, []
+    for row in rows:
+        minutes += row.get("timing/epoch", math.nan) / 60
+        value = row.get(metric, math.nan)
+        if math.isfinite(value):
+            points.append((row[STEP] if x == "steps" else minutes, value))
+    values = [value for _, value in points]
+    means = [sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))]
+    return [position for position, _ in points], means
+
+
+def plot_returns(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    window: int = 10,
+    title: str = "",
+    metric: str = "overview/reward",
+    x: str = "steps",
+    lines: dict[str, float] | None = None,
+) -> Path:
+    """Draw each run's ``metric`` (``curve``), labelled with its folder's name, and each of ``lines`` as a dashed
+    horizontal reference labelled with its name."""
     fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
     for run_dir in map(Path, run_dirs):
-        points = [(row[STEP], row["overview/reward"]) for row in read_metrics(run_dir / "metrics.jsonl")]
-        points = [(step, value) for step, value in points if math.isfinite(value)]
-        values = [value for _, value in points]
-        means = [sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))]
-        ax.plot([step for step, _ in points], means, label=run_dir.name)
-    ax.set_xlabel("agent steps")
-    ax.set_ylabel(f"training episode return (mean of {window} epochs)")
+        ax.plot(*curve(read_metrics(run_dir / "metrics.jsonl"), metric, x, window), label=run_dir.name)
+    for name, value in (lines or {}).items():
+        ax.axhline(value, linestyle="--", color="gray", linewidth=1)
+        ax.annotate(f"{name} {value:g}", (0, value), xycoords=("axes fraction", "data"), fontsize="small")
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(f"{metric} (mean of {window})" if window > 1 else metric)
     ax.set_title(title, fontsize="small")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -89,9 +118,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--returns", action="store_true", help="one panel: the return of every run given")
     parser.add_argument("--window", type=int, default=10, help="epochs in the running mean of --returns")
     parser.add_argument("--title", default="", help="title of the --returns panel")
+    parser.add_argument("--metric", default="overview/reward", help="the metric of --returns (e.g. eval/return)")
+    parser.add_argument("--x", choices=sorted(X_AXES), default="steps", help="--returns against steps or minutes")
+    parser.add_argument("--line", action="append", default=[], metavar="NAME=VALUE", help="a reference line")
     args = parser.parse_args(argv)
+    lines = {}
+    for line in args.line:
+        name, _, value = line.partition("=")
+        try:
+            lines[name] = float(value)
+        except ValueError:
+            parser.error(f"--line takes NAME=VALUE with a number, got {line!r}")
     if args.returns:
-        print(plot_returns(args.run_dirs, args.out or Path(args.run_dirs[0]) / "returns.png", args.window, args.title))
+        out = args.out or Path(args.run_dirs[0]) / "returns.png"
+        print(plot_returns(args.run_dirs, out, args.window, args.title, args.metric, args.x, lines))
     elif len(args.run_dirs) > 1:
         parser.error("several run folders need --returns")
     else:

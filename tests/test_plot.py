@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from machina.env.render import FLOOR, OBJECT_COLOURS
-from machina.plot import main
+from machina.plot import curve, main
 
 
 def test_plot_writes_a_png_from_metrics_jsonl(tmp_path, capsys):
@@ -44,6 +44,27 @@ def test_returns_of_several_runs_go_in_one_panel(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "r.png")
     with pytest.raises(SystemExit):
         main([str(tmp_path / "seed1"), str(tmp_path / "seed2")])  # several runs only with --returns
+
+
+def test_a_curve_is_a_running_mean_against_steps_or_training_minutes():
+    rows = [
+        {"metric/agent_step": 100 * (i + 1), "timing/epoch": 30.0, "eval/return": 2.0 * i if i % 2 else None}
+        for i in range(6)
+    ]  # evaluated on epochs 1, 3 and 5 (0-based), one epoch every half minute
+    rows = [{k: float("nan") if v is None else v for k, v in row.items()} for row in rows]
+    assert curve(rows, "eval/return", "steps", window=1) == ([200, 400, 600], [2.0, 6.0, 10.0])
+    assert curve(rows, "eval/return", "minutes", window=2) == ([1.0, 2.0, 3.0], [2.0, 4.0, 8.0])
+
+
+def test_returns_take_a_metric_minutes_and_reference_lines(tmp_path, capsys):
+    rows = [{"metric/agent_step": 512 * (i + 1), "timing/epoch": 6.0, "eval/return": float(i)} for i in range(5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "eval.png"
+    args = [str(tmp_path), "--returns", "--metric", "eval/return", "--x", "minutes", "--line", "teacher=7.9"]
+    main([*args, "--out", str(out)])
+    assert capsys.readouterr().out.strip() == str(out) and out.stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main([*args, "--line", "teacher=lots"])
 
 
 def test_plot_names_a_folder_without_metrics(tmp_path):
