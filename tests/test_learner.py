@@ -110,17 +110,20 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     """system.compile=true runs each minibatch's whole update (forward, losses, backward, clip, Adam step) as one
     compiled function; on the same buffers and minibatch order it must end at the eager update's parameters (float32
     kernels fused differently: 1e-5 absolute after 12 minibatches; one thread, since two threads sum the embedding
-    bag's gradient in a varying order), and a scheduled learning rate must not make it recompile each epoch."""
+    bag's gradient in a varying order), and neither a scheduled learning rate nor a new token width each epoch may
+    make it recompile."""
     from torch._dynamo.utils import counters
 
     overrides = ["learner/lr_schedule=linear", "learner.update_epochs=2", "trainer.total_timesteps=3072"]
     overrides += ["system.threads=1"]
     eager, compiled = (make_trainer([*overrides, f"system.compile={flag}"]) for flag in ("false", "true"))
     compiled.policy.load_state_dict(eager.policy.state_dict())
-    graphs = []
+    graphs, widths = [], []
     for epoch in range(3):
         eager.rollout.run(eager.progress)
         source, target = eager.experience, compiled.experience
+        # A real token far out in one observation: each epoch trains on another compacted width (61, 71, 81).
+        source.buffer[keys.OBS][0, 0, 60 + 10 * epoch] = source.buffer[keys.OBS][0, 0, 0]
         target.buffer.update_(source.buffer)
         target.row_state.update_(source.row_state)
         target.last_values.copy_(source.last_values)
@@ -129,10 +132,12 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
             trainer.learner.run(trainer.progress)
             trainer.agent_step += source.batch_size
         graphs.append(counters["stats"]["unique_graphs"])
+        widths.append(compiled.learner.once["experience/token_width"])
     for (name, a), b in zip(eager.policy.named_parameters(), compiled.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs after the compiled updates")
     assert eager.optimizer.param_groups[0]["lr"] == pytest.approx(float(compiled.optimizer.param_groups[0]["lr"]))
-    assert graphs[0] > 0 and graphs[2] == graphs[1], f"graphs compiled after each epoch: {graphs}"
+    assert widths == [61.0, 71.0, 81.0]
+    assert graphs[0] > 0 and graphs[2] == graphs[1] == graphs[0], f"graphs compiled after each epoch: {graphs}"
     assert "train.update" in compiled.stopwatch.totals and "train.forward" not in compiled.stopwatch.totals
 
 

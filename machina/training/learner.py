@@ -163,6 +163,8 @@ class Learner:
                     with sw.time("train.update"):
                         new_log_prob, kl, metrics, host = self.graphed(stored, minibatch, state, progress)
                 elif self.compiled_update is not None:
+                    if self.compact_tokens:  # the width changes between epochs: compile it as a symbol, once
+                        torch._dynamo.maybe_mark_dynamic(stored[keys.OBS], 2)
                     with sw.time("train.update"):
                         new_log_prob, kl, metrics, host = self.compiled_update(stored, minibatch, state, progress)
                 else:
