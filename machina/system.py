@@ -25,9 +25,9 @@ class System:
         compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
             "auto": on for runs of at least ``compile_min_timesteps`` agent steps (``total_timesteps``) where a
             compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
-            compilation (about 2-3 minutes cold on a 2-core CPU, under half a minute from the cache, which is kept
+            compilation (about 2.5 minutes cold on a 2-core CPU, well under a minute from the cache, which is kept
             in ``~/.cache/machina/inductor`` across runs unless ``TORCHINDUCTOR_CACHE_DIR`` is set); then training
-            runs 1.3-1.6x faster there (BENCHMARKS.md).
+            runs about 1.12x faster there (BENCHMARKS.md).
         compile_min_timesteps: the run length from which "auto" compiles.
         total_timesteps: the run's length (``trainer.total_timesteps``), for "auto".
         cuda_graphs: replay each rollout step (the policy forward and, where the env allows, its step) and each
@@ -43,7 +43,7 @@ class System:
         threads: int = 0,
         tf32: bool = True,
         compile: bool | str = False,
-        compile_min_timesteps: int = 20_000_000,
+        compile_min_timesteps: int = 50_000_000,
         total_timesteps: int = 0,
         cuda_graphs: bool = False,
         rank: int = 0,

@@ -232,3 +232,16 @@ def test_eer_kickstarter_without_a_teacher_file_is_refused():
 
     with pytest.raises(ConfigError, match="teacher.path=PATH"):
         load_teacher(None)
+
+
+def test_the_dagger_preset_anneals_the_teacher_led_share_to_zero():
+    from machina.build import build_losses
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["experiment=machina_1_dagger"])
+    supervisor = build_losses(cfg.losses)["supervisor"]
+    end = cfg.losses.supervisor.teacher_led_proportion.end_step
+    assert end < cfg.trainer.total_timesteps  # the student acts alone for the last part of training
+    shares = [supervisor.teacher_led(step) for step in (0, end // 2, end, cfg.trainer.total_timesteps)]
+    assert shares == pytest.approx([0.5, 0.25, 0.0, 0.0])
+    assert cfg.learner.update_epochs == 3 and list(cfg.losses) == ["ppo", "supervisor"]
