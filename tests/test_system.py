@@ -107,7 +107,7 @@ def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     from hydra.utils import instantiate
 
     from machina.build import build
-    from machina.policy.inputs import rollout_input
+    from machina.policy.inputs import STEP_INPUTS, rollout_input
     from tests.conftest import compose_config
 
     overrides = ["experiment=debug", "env.num_envs=4", "experience.batch_size=512"]
@@ -120,7 +120,13 @@ def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     step = env.reset()
     step[keys.EPISODE_START] = torch.ones(env.num_agents)
     state = eager.initial_state(env.num_agents, "cpu")
+    # The rollout's step (``act``, no time axis) of the eager policy against the compiled forward over a [N, 1]
+    # sequence: the same values, so compiling changed neither the weights' names nor what they compute.
+    sequence = rollout_input(step, state)
+    for key in STEP_INPUTS:
+        sequence[key] = sequence[key].unsqueeze(1)
     with torch.no_grad():
-        a = eager(rollout_input(step, state))["values"]
-        b = compiled(rollout_input(step, state))["values"]
+        a = eager.act(rollout_input(step, state))["values"]
+        b = compiled(sequence)["values"][:, 0]
+    assert a.shape == (env.num_agents,)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
