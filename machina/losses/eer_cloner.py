@@ -9,7 +9,7 @@ from machina import keys
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss, Progress
-from machina.losses.functional import agreement, sample_mean, teacher_nll
+from machina.losses.functional import cloning_terms
 from machina.losses.schedule import Linear, as_schedule
 
 
@@ -44,13 +44,11 @@ class EERClonerLoss(Loss):
         step[keys.REWARDS] = step[keys.REWARDS] + self.r_lambda(progress.agent_step) * bonus
 
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict:
-        log_probs = policy_out[keys.FULL_LOG_PROBS]
-        teacher = minibatch[keys.TEACHER_ACTIONS]
-        nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS])
+        nll, agreement = cloning_terms(minibatch, policy_out)
         coef = self.coef(progress.agent_step)
         return {
             "loss_cloning": coef * nll,
             "cloning_loss": nll.detach(),
-            "teacher_agreement": agreement(log_probs.detach(), teacher).mean(),
+            "teacher_agreement": agreement,
             "r_lambda": self.r_lambda(progress.agent_step),
         }

@@ -25,6 +25,19 @@ def agreement(full_log_probs: torch.Tensor, teacher_actions: torch.Tensor) -> to
     return (full_log_probs.argmax(-1) == teacher_actions).float()
 
 
+def cloning_terms(
+    minibatch: TensorDict, policy_out: TensorDict, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What every teacher-cloning loss computes: (the weighted mean of -log pi(teacher action) over the samples, or
+    over the ``mask``ed ones; the share of all samples whose most likely action is the teacher's, detached). Reads
+    ``TEACHER_ACTIONS`` and ``PRIO_WEIGHTS`` [B, T] from ``minibatch`` and ``FULL_LOG_PROBS`` [B, T, A] from
+    ``policy_out``; both results are 0-d."""
+    log_probs = policy_out[keys.FULL_LOG_PROBS]
+    teacher = minibatch[keys.TEACHER_ACTIONS]
+    nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], mask)
+    return nll, agreement(log_probs.detach(), teacher).mean()
+
+
 def lead_with_teacher(step: TensorDict, led: torch.Tensor) -> None:
     """Make the agents in ``led`` (bool [N]) act as the teacher: their ``ACTIONS`` become ``TEACHER_ACTIONS`` and
     their ``ACT_LOG_PROB`` the policy's log-probability of it (from ``FULL_LOG_PROBS`` [N, A]), so the env executes,

@@ -7,7 +7,7 @@ from machina import keys
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss, Progress
-from machina.losses.functional import agreement, lead_with_teacher, sample_mean, teacher_nll
+from machina.losses.functional import cloning_terms, lead_with_teacher
 from machina.losses.schedule import Linear, as_schedule
 
 
@@ -77,15 +77,13 @@ class SlicedScriptedClonerLoss(Loss):
         step.update(self.masks)
 
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict:
-        log_probs = policy_out[keys.FULL_LOG_PROBS]
-        teacher = minibatch[keys.TEACHER_ACTIONS]
         cloned = minibatch[keys.STUDENT_MASK] | minibatch[keys.TEACHER_MASK]
-        nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], cloned)
+        nll, agreement = cloning_terms(minibatch, policy_out, cloned)
         coef = self.coef(progress.agent_step)
         return {
             "loss_cloning": coef * nll,
             "cloning_loss": nll.detach(),
-            "teacher_agreement": agreement(log_probs.detach(), teacher).mean(),
+            "teacher_agreement": agreement,
             "student_led_proportion": self.student_led(progress.agent_step),
             "teacher_led_proportion": self.teacher_led(progress.agent_step),
             "ppo_fraction": minibatch[keys.PPO_MASK].float().mean(),

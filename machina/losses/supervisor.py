@@ -7,7 +7,7 @@ from machina import keys
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss, Progress
-from machina.losses.functional import agreement, lead_with_teacher, sample_mean, teacher_nll
+from machina.losses.functional import cloning_terms, lead_with_teacher
 from machina.losses.schedule import Linear, as_schedule
 
 
@@ -38,14 +38,12 @@ class SupervisorLoss(Loss):
             lead_with_teacher(step, torch.rand(step.batch_size, device=step.device) < proportion)
 
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict:
-        log_probs = policy_out[keys.FULL_LOG_PROBS]
-        teacher = minibatch[keys.TEACHER_ACTIONS]
-        nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS])
+        nll, agreement = cloning_terms(minibatch, policy_out)
         coef = self.coef(progress.agent_step)
         return {
             "loss_supervised": coef * nll,
             "supervised_loss": nll.detach(),
-            "teacher_agreement": agreement(log_probs.detach(), teacher).mean(),
+            "teacher_agreement": agreement,
             "teacher_led_proportion": self.teacher_led(progress.agent_step),
             "action_loss_coef": coef,
         }
