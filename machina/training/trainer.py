@@ -206,14 +206,16 @@ class Trainer:
         return steps
 
     def _evaluate(self) -> dict[str, float]:
-        """``eval/*`` metrics (and a replay) at their intervals; empty on other epochs and without an evaluator."""
+        """``eval/*`` metrics (and a replay) at their intervals and after the last epoch, so a learning curve ends
+        where the run does; empty on other epochs and without an evaluator."""
         if self.evaluator is None:
             return {}
         start = time.perf_counter()
         metrics = {}
-        if self.eval_interval and self.epoch % self.eval_interval == 0:
+        last = self.agent_step >= self.total_timesteps
+        if self.eval_interval and (self.epoch % self.eval_interval == 0 or last):
             metrics.update(self.evaluator.evaluate(self.policy))
-        if self.replay_interval and self.epoch % self.replay_interval == 0:
+        if self.replay_interval and (self.epoch % self.replay_interval == 0 or last):
             self.evaluator.replay(self.policy, self.epoch, self.agent_step)
         if metrics:
             metrics["timing/eval"] = time.perf_counter() - start
