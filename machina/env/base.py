@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from machina.env.spec import EnvSpec
+from machina.errors import ConfigError
 
 
 class Env:
@@ -71,6 +72,19 @@ class Env:
         """Called at each epoch boundary, before a rollout of ``steps`` steps (None: as many as the last one): work
         that must stay out of the steps (refilling pools of pre-generated layouts, for example). Nothing by
         default."""
+
+    def settings(self) -> dict[str, object]:
+        """The settings a curriculum may change between rollouts (``configure``), with their current values; none by
+        default."""
+        return {}
+
+    def configure(self, **settings: object) -> None:
+        """Change settings of ``settings()`` between rollouts (``trainer.curriculum``): the episodes that start in the
+        rollouts after the call use them. An env without such settings refuses any."""
+        raise ConfigError(
+            f"{type(self).__name__} has no settings a curriculum can change (asked for {sorted(settings)}); remove "
+            "trainer.curriculum or choose env=machina_1"
+        )
 
     def render(self, env_index: int = 0) -> np.ndarray:
         """A picture of env ``env_index`` as uint8 RGB [H, W, 3], for replays (an env may take drawing options as

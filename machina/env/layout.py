@@ -12,7 +12,18 @@ from typing import NamedTuple
 
 import torch
 
-from machina.env.grid import AGENT_CHARS, ASSEMBLER, CHARS, CHEST, EMPTY, EXTRACTOR, OBSTACLE, TYPE_OF_CHAR, Geometry
+from machina.env.grid import (
+    AGENT_CHARS,
+    ASSEMBLER,
+    CHARS,
+    CHEST,
+    EMPTY,
+    EXTRACTOR,
+    OBSTACLE,
+    TYPE_OF_CHAR,
+    WALL,
+    Geometry,
+)
 from machina.errors import ConfigError
 
 
@@ -37,33 +48,68 @@ class LayoutSampler:
     Placement order on one shuffled list of interior cells: agents, extractors (``extractors_per_resource`` of each
     resource kind), the assembler, the chest, then ``num_obstacles`` obstacles. Obstacles may wall off a cell; the
     teacher then treats what it cannot reach as absent, and policies simply cannot use it.
+
+    ``region`` (``set_region``; None: the whole interior): each layout puts everything in a ``region x region``
+    square at a random place in the interior and walls off the rest, a smaller map on the same board (same shapes,
+    so a curriculum can change it between rollouts). Obstacles keep the interior's density: ``obstacle_density *
+    region**2`` of them. With None a layout is one random permutation of the interior and nothing else.
     """
 
-    def __init__(self, geom: Geometry, agents: int, extractors_per_resource: int, num_obstacles: int, device):
-        self.geom, self.agents = geom, agents
+    def __init__(self, geom: Geometry, agents: int, extractors_per_resource: int, obstacle_density: float, device):
+        self.geom, self.agents, self.density = geom, agents, obstacle_density
         self.interior = geom.interior(device)
         self.template = geom.template(device)
         kinds = torch.arange(4, device=device).repeat_interleave(extractors_per_resource)
-        fixed = torch.tensor([ASSEMBLER, CHEST], device=device)
-        obstacles = torch.full((num_obstacles,), OBSTACLE, device=device)
-        self.object_types = torch.cat([kinds + EXTRACTOR, fixed, obstacles])  # int64 [objects]
+        self.fixed_types = torch.cat([kinds + EXTRACTOR, torch.tensor([ASSEMBLER, CHEST], device=device)])
         self.num_extractors = kinds.numel()
-        needed = agents + self.object_types.numel()
-        if needed > self.interior.numel():
+        # Row and column (0-based, interior) of each interior cell: where a region's square lies.
+        self.cell_row = torch.arange(geom.height, device=device).repeat_interleave(geom.width).unsqueeze(0)
+        self.cell_col = torch.arange(geom.width, device=device).repeat(geom.height).unsqueeze(0)
+        self.set_region(None)
+
+    def set_region(self, region: int | None) -> None:
+        """Draw later layouts in a random ``region x region`` square of the interior (None: the whole interior);
+        ConfigError if it is larger than the interior or too small for the agents and objects."""
+        geom = self.geom
+        if region is not None and (not isinstance(region, int) or isinstance(region, bool) or region < 1):
+            raise ConfigError(f"env.region_size={region!r} must be null or an integer >= 1")
+        if region is not None and region > min(geom.height, geom.width):
             raise ConfigError(
-                f"{needed} agents and objects do not fit in a {geom.height}x{geom.width} interior "
-                f"({self.interior.numel()} cells): lower env.obstacle_density or env.extractors_per_resource, or "
-                "raise env.height / env.width"
+                f"env.region_size={region} is larger than the {geom.height}x{geom.width} interior; use at most "
+                f"{min(geom.height, geom.width)}, or null for the whole interior"
             )
+        cells = geom.height * geom.width if region is None else region * region
+        device = self.interior.device
+        obstacles = torch.full((round(self.density * cells),), OBSTACLE, device=device)
+        object_types = torch.cat([self.fixed_types, obstacles])  # int64 [objects]
+        needed = self.agents + object_types.numel()
+        if needed > cells:
+            where = f"a {geom.height}x{geom.width} interior" if region is None else f"a {region}x{region} region"
+            raise ConfigError(
+                f"{needed} agents and objects do not fit in {where} ({cells} cells): lower env.obstacle_density or "
+                "env.extractors_per_resource, or raise env.height / env.width"
+                + ("" if region is None else " / env.region_size")
+            )
+        self.region, self.object_types = region, object_types
 
     def sample(self, k: int, generator: torch.Generator) -> Layout:
         """``k`` fresh random layouts."""
         device = self.interior.device
         keys = torch.rand(k, self.interior.numel(), generator=generator, device=device)
+        s = self.region
+        if s is not None:
+            # The square's cells sort first (keys in [0, 1)), the rest of the interior last (keys in [2, 3)).
+            top = torch.randint(0, self.geom.height - s + 1, (k, 1), generator=generator, device=device)
+            left = torch.randint(0, self.geom.width - s + 1, (k, 1), generator=generator, device=device)
+            row, col = self.cell_row - top, self.cell_col - left
+            outside = (row < 0) | (row >= s) | (col < 0) | (col >= s)
+            keys.add_(outside.to(keys.dtype), alpha=2.0)
         cells = self.interior[keys.argsort(dim=1)]  # [k, interior]: a random permutation of the interior per env
         a, x = self.agents, self.num_extractors
         objects = cells[:, a : a + self.object_types.numel()]
         grid = self.template.expand(k, -1).clone()
+        if s is not None:
+            grid.scatter_(1, cells[:, s * s :], WALL)
         grid.scatter_(1, objects, self.object_types.expand(k, -1))
         ext_pos = cells[:, a : a + x].contiguous()
         return Layout(grid, cells[:, :a].contiguous(), ext_pos)

@@ -56,6 +56,7 @@ from machina.env.spec import EnvSpec, ObsSpec
 from machina.env.step_buffers import StepBuffers
 from machina.env.teacher import Teacher
 from machina.env.tokens import TokenEncoder
+from machina.errors import ConfigError
 
 assert sys.byteorder == "little", "tokens are packed into int32s and read back as bytes (little-endian)"
 
@@ -97,6 +98,7 @@ class Machina1Env(Env):
         resource_reward: float = 0.1,
         extractor_cooldown: int = 8,
         inventory_cap: int = 4,
+        region_size: int | None = None,
         num_envs: int = 256,
         seed: int = 0,
         device: str | torch.device = "cpu",
@@ -110,9 +112,8 @@ class Machina1Env(Env):
         self.max_steps, self.teacher, self.stagger = max_steps, teacher, stagger
         self.rewards_per = (heart_reward, heart_made_reward, resource_reward)
         self.geom = Geometry(height, width)
-        self.sampler = layouts.LayoutSampler(
-            self.geom, a, extractors_per_resource, round(obstacle_density * height * width), dev
-        )
+        self.sampler = layouts.LayoutSampler(self.geom, a, extractors_per_resource, obstacle_density, dev)
+        self.sampler.set_region(region_size)
         self.num_extractors = x = self.sampler.num_extractors
 
         names, norms = feature_table(extractor_cooldown, num_vibes, inventory_cap)
@@ -185,6 +186,25 @@ class Machina1Env(Env):
         without calling ``step`` (a captured CUDA graph) passes it."""
         self.pool.refill(self.steps_since_refill if steps is None else steps)
         self.steps_since_refill = 0
+
+    def settings(self) -> dict[str, object]:
+        """``region_size``: the side of the square of the interior that new layouts fill, the rest walled off
+        (None: the whole interior; ``layout.LayoutSampler``)."""
+        return {"region_size": self.sampler.region}
+
+    def configure(self, **settings: object) -> None:
+        """Change ``settings()`` between rollouts (a curriculum). They take effect at the next ``prepare_rollout``,
+        which regenerates every pool row the rollout can take: every episode that starts from then on uses them, the
+        episodes under way finish on their maps. No random draw happens here, so a resumed run that re-applies its
+        stage continues exactly like the uninterrupted one."""
+        unknown = sorted(set(settings) - set(self.settings()))
+        if unknown:
+            raise ConfigError(
+                f"Machina1Env cannot change {unknown} during training; a curriculum may change "
+                f"{sorted(self.settings())}"
+            )
+        if "region_size" in settings:
+            self.sampler.set_region(settings["region_size"])
 
     def observe(self) -> TensorDict:
         """The current observation TensorDict (zero rewards, no episode ends), as ``reset`` returns it."""

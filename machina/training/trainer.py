@@ -4,6 +4,7 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.training.checkpoint import Checkpointer
+from machina.training.curriculum import Curriculum
 from machina.training.epoch_metrics import buffer_metrics, episode_metrics, summarize
 from machina.training.experience import Experience
 from machina.training.learner import Learner
@@ -48,6 +50,8 @@ class Trainer:
         sinks: objects with ``log(dict)``, ``close()``; ``machina.run`` sets them once a resume is accepted.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
+        curriculum: env settings scheduled over training (``curriculum.py``); empty: the env as built throughout.
+            With stages, every epoch also logs ``curriculum/stage`` (the stage its rollout ran in).
 
     Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
     logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses non-finite
@@ -68,6 +72,7 @@ class Trainer:
         sinks: list | None = None,
         checkpointer: Checkpointer | None = None,
         evaluator: PeriodicEval | None = None,
+        curriculum: Sequence[Mapping] = (),
     ):
         check_counts(
             total_timesteps=(total_timesteps, 1),
@@ -82,6 +87,7 @@ class Trainer:
         self.replay_interval, self.evaluator = replay_interval, evaluator
         self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
         self.sinks = list(sinks or [])
+        self.curriculum = Curriculum(curriculum, rollout.env) if curriculum else None
         self.agent_step = 0
         self.epoch = 0
         # Per-epoch SUMMARY_KEYS only: small enough to checkpoint, so the run summary spans resumes.
@@ -197,6 +203,8 @@ class Trainer:
         # The epoch's schedules (learning rate, loss coefficients) are those of where it starts, in the rollout and
         # in the update: the first epoch trains at the full learning rate (CleanRL's frac = 1 - (iteration - 1) / N).
         progress = self.progress
+        if self.curriculum is not None:
+            self.curriculum.apply(progress.agent_step)
         # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.
         steps = self.rollout.run(progress) * distributed.world_size()
         self.agent_step += steps
@@ -256,6 +264,8 @@ class Trainer:
                 "overview/reward": metrics.get("env/return", float("nan")),
             }
         )
+        if self.curriculum is not None:
+            metrics["curriculum/stage"] = self.curriculum.stage(self.agent_step - steps)
         timings = self.stopwatch.pop()
         for phase, secs in sorted(timings.items()):
             metrics[f"timing/{phase}"] = secs
