@@ -174,8 +174,18 @@ def test_nan_loss_stops_with_exit_2_and_keeps_the_last_checkpoint(tmp_path):
     assert [r["metric/epoch"] for r in metrics(tmp_path)] == [1]
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT handled as in a terminal (KeyboardInterrupt) for the test: a process started in the background by a
+    non-interactive shell (``cmd &``, as a CI script may run pytest) inherits SIGINT ignored, and a second Ctrl-C
+    then falls back to that."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signals", [1, 2])
-def test_sigint_checkpoints_at_the_epoch_end_or_abandons_the_epoch(tmp_path, monkeypatch, signals):
+def test_sigint_checkpoints_at_the_epoch_end_or_abandons_the_epoch(tmp_path, monkeypatch, signals, ctrl_c_raises):
     step, calls = Machina1Env.step, []
 
     def step_and_interrupt(self, actions):
