@@ -42,10 +42,11 @@ class Curriculum:
             if not isinstance(stage, Mapping) or set(stage) != {"until", "env"}:
                 raise ConfigError(f"{where} must be a mapping with exactly the keys 'until' and 'env', got {stage!r}")
             until, settings = stage["until"], stage["env"]
-            if isinstance(until, bool) or not isinstance(until, int) or until <= (self.ends[-1] if self.ends else 0):
+            previous = self.ends[-1] if self.ends else 0
+            if isinstance(until, bool) or not isinstance(until, int) or until <= previous:
                 raise ConfigError(
                     f"{where}.until={until!r} must be an agent step (an integer) greater than the stage before's "
-                    f"({self.ends[-1] if self.ends else 0})"
+                    f"({previous})"
                 )
             if not isinstance(settings, Mapping) or not settings:
                 raise ConfigError(f"{where}.env must be a non-empty mapping of env settings, got {settings!r}")
@@ -57,6 +58,7 @@ class Curriculum:
                 )
             self.ends.append(until)
             self.stage_settings.append({**self.defaults, **settings})
+        self.stage_settings.append(self.defaults)  # after the last stage
         self.applied: dict | None = None
 
     def stage(self, agent_step: int) -> int:
@@ -65,8 +67,7 @@ class Curriculum:
 
     def settings(self, agent_step: int) -> dict:
         """Every curriculum setting's value at ``agent_step``."""
-        i = self.stage(agent_step)
-        return self.stage_settings[i] if i < len(self.ends) else self.defaults
+        return self.stage_settings[self.stage(agent_step)]
 
     def apply(self, agent_step: int) -> None:
         """Configure the env for ``agent_step`` when its settings differ from those applied last (host only)."""
