@@ -33,7 +33,16 @@ class Rerun:
         return self.out
 
     def replay(self):
-        self.out.update_(self.fn())
+        write_into(self.out, self.fn())
+
+
+def write_into(static, new) -> None:
+    """Copy ``new``'s tensors into ``static``'s, key by key (nested mappings too): a replay's outputs."""
+    for key, value in new.items():
+        if isinstance(value, torch.Tensor):
+            static[key].copy_(value)
+        else:
+            write_into(static[key], value)
 
 
 def graphed(trainer) -> None:

@@ -9,6 +9,7 @@ from machina.build import build, build_trainer
 from machina.policy.inputs import rollout_input, training_input
 from machina.training.advantage import agent_major
 from tests.conftest import compose_config
+from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 
 TINY = ["experiment=debug", "env.num_envs=8", "env.max_steps=12", "experience.bptt_horizon=8", "wandb=disabled"]
 TEACHER_LED = [
@@ -42,8 +43,8 @@ def test_every_stored_action_was_executed_with_the_policys_log_prob_of_it(overri
     trainer, executed, _ = recorded_rollout(overrides)
     buffer, n = trainer.experience.buffer, trainer.experience.num_agents
     assert torch.equal(agent_major(buffer[keys.ACTIONS], n), executed)
-    teacher = agent_major(buffer[keys.TEACHER_ACTIONS], n)
-    led = (executed == teacher) & (agent_major(buffer[keys.ACT_LOG_PROB], n) < -0.5)
+    teacher_actions = agent_major(buffer[keys.TEACHER_ACTIONS], n)
+    led = (executed == teacher_actions) & (agent_major(buffer[keys.ACT_LOG_PROB], n) < -0.5)
     assert led.float().mean() > 0.1  # teacher-led steps happened (and they are among the executed actions)
     with torch.no_grad():
         trainer.policy.eval()
@@ -66,3 +67,29 @@ def test_each_step_stores_the_reward_and_episode_end_of_its_own_action():
     with torch.no_grad():
         ending = trainer.policy.act(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
     torch.testing.assert_close(trainer.experience.last_values, ending)
+
+
+ALL_HOOKS = ["losses=[ppo,supervisor,eer_cloner,eer_kickstarter]", "losses.supervisor.teacher_led_proportion=0.5"]
+
+
+@pytest.mark.parametrize("hooks", [False, True], ids=["no hooks", "every hook"])
+def test_no_inference_tensor_outlives_the_rollout_and_training_follows(hooks, request):
+    """The rollout runs in inference mode; what it leaves behind (the buffer, the row states, the live step, the
+    bootstrap values, the env's state) must be normal tensors, or the learner's backward would refuse them."""
+    teacher_file = f"losses.eer_kickstarter.teacher.path={request.getfixturevalue('teacher')}"
+    overrides = [*ALL_HOOKS, teacher_file] if hooks else ["losses=[ppo]"]
+    trainer, _, _ = recorded_rollout(overrides)
+    assert trainer.rollout.hooked == hooks
+    exp = trainer.experience
+    left = {
+        **{f"buffer/{k}": v for k, v in exp.buffer.items()},
+        **{f"row_state/{k}": v for k, v in exp.row_state.items()},
+        **{f"live/{k}": v for k, v in trainer.rollout.live.items()},
+        "last_values": exp.last_values,
+        **{f"env/{k}": v for k, v in trainer.env.state_dict().items()},
+    }
+    inference = [name for name, value in left.items() if value.is_inference()]
+    assert not inference
+    trainer.policy.train()
+    trainer.learner.run(trainer.progress)  # backward through the stored steps
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())

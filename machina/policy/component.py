@@ -16,7 +16,7 @@ with ``td.batch_size = td.batch_size[:1]``.) The [B, T] -> [B*T] flattening happ
 works on a flat ``step`` TensorDict (batch [B*T]) and, for recurrent state, on the per-sequence ``td`` (batch [B]).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -145,11 +145,14 @@ class ComponentPolicy(nn.Module):
         zeros = {key: torch.zeros(num, width, device=device) for key, width in self.state_widths.items()}
         return TensorDict(zeros, batch_size=[num], device=device)
 
-    def act(self, td: TensorDict) -> TensorDict:
-        """One step of N sequences (the rollout's T = 1), with no time axis: ``td`` batch [N] holds the per-step
-        inputs [N, ...] (``OBS``, ``EPISODE_START``) and the state [N, H]; the components write the per-step outputs
+    def act(self, td: MutableMapping[str, torch.Tensor]) -> MutableMapping[str, torch.Tensor]:
+        """One step of N sequences (the rollout's T = 1), with no time axis: ``td`` holds the per-step inputs
+        [N, ...] (``OBS``, ``EPISODE_START``) and the state [N, H]; the components write the per-step outputs
         [N, ...] and ``NEXT_*`` [N, H] into it. The same values as ``forward`` at T = 1, without its reshapes: with
-        one step per sequence the flat step and the sequence TensorDict are the same TensorDict."""
+        one step per sequence the flat step and the sequence TensorDict are the same TensorDict.
+
+        ``td`` may be a TensorDict (batch [N]) or a plain dict of the same tensors: components only get and set
+        keys, and a dict's are a tenth of the cost, which is most of the host time of a step at a small batch."""
         for component in self.parts():
             component(td, td)
         return td

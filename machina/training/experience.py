@@ -10,7 +10,7 @@ segment from the state the rollout had there. Rows ``i, N + i, 2N + i, ...`` are
 advantages run over them as one trajectory (``machina.training.advantage``).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from tensordict import TensorDict
@@ -84,6 +84,7 @@ class Experience:
         self.state_keys = tuple(state_spec)
         self._pass = 0
         self._t = 0
+        self._rows: list[tuple[str, torch.Tensor]] = []
 
     @property
     def full(self) -> bool:
@@ -94,19 +95,22 @@ class Experience:
         self._t = 0
         self.buffer[keys.RATIO].fill_(1.0)
 
-    def store(self, step: TensorDict, state: TensorDict) -> None:
+    def store(self, step: Mapping[str, torch.Tensor], state: TensorDict) -> None:
         """Write one env step for all agents.
 
         Args:
-            step: batch [N] holding every key of ``spec``.
+            step: every key of ``spec``, [N, ...] (a TensorDict or a dict of tensors).
             state: batch [N] recurrent state before this step; recorded when the step opens a row.
         """
-        rows = slice(self._pass * self.num_agents, (self._pass + 1) * self.num_agents)
         if self._t == 0:
+            rows = slice(self._pass * self.num_agents, (self._pass + 1) * self.num_agents)
             for key in self.state_keys:
                 self.row_state[key][rows] = state[key]
-        for key in self.step_keys:
-            self.buffer[key][rows, self._t] = step[key]
+            # This pass's rows of every stored key, [N, T, ...] views: each step then writes one time column.
+            self._rows = [(key, self.buffer[key][rows]) for key in self.step_keys]
+        t = self._t
+        for key, rows in self._rows:
+            rows.select(1, t).copy_(step[key])
         self._t += 1
         if self._t == self.bptt_horizon:
             self._t = 0

@@ -61,20 +61,27 @@ class Rollout:
         self.num_agents = env.spec.num_agents
         self.bootstrap_truncations = not env.spec.observes_time
         self.state_keys = policy.state_keys
-        # The live step: the env's observation keys, EPISODE_START and the recurrent state, batch [N].
+        # The live step: the env's observation keys, EPISODE_START and the recurrent state, batch [N]. It is only
+        # ever written in place, so its tensors are fixed: the hot path reads them from plain dicts (``inputs``, the
+        # policy's; ``observed``, the stored step's) and ``sources`` says where ``_advance`` fills each from.
         self.live = self._observed(env.reset())
         self.live.update(policy.initial_state(self.num_agents, self.device))
+        self.inputs = dict(self.live.items())
+        self.observed = {key: value for key, value in self.inputs.items() if key not in self.state_keys}
+        self.sources = [(value, keys.NEXT_STATE.get(key, key)) for key, value in self.inputs.items()]
         # Policy outputs that rollout hooks and the buffer may read: those the policy writes per step.
         self.policy_keys = tuple(k for k in policy.output_keys() if k in experience.step_keys or k in HOOK_INPUTS)
         self.keep = (*self.policy_keys, *(keys.NEXT_STATE[k] for k in self.state_keys))
         self.act = torch.compile(policy.act) if compile else policy.act
+        hooks_between = any(overrides(loss, "on_rollout_step") for loss in losses.values())
+        # Losses see each step as a TensorDict; without step hooks the buffer reads a plain dict, a third the cost.
+        self.hooked = hooks_between or any(overrides(loss, "on_env_step") for loss in losses.values())
         self.whole_step = self.forward = None  # captured calls, when graphed
         if graph is not None:
-            hooks_between = any(type(loss).on_rollout_step is not Loss.on_rollout_step for loss in losses.values())
             if env.capturable and not hooks_between:
-                self.whole_step = CapturedCall(self._act_and_step, self.live, graph(), self._env_snapshot)
+                self.whole_step = CapturedCall(self._act_and_step, self.inputs, graph(), self._env_snapshot)
             else:
-                self.forward = CapturedCall(self._act, self.live, graph(), lambda: lambda: None)
+                self.forward = CapturedCall(self._act, self.inputs, graph(), lambda: lambda: None)
 
     @property
     def step_td(self) -> TensorDict:
@@ -108,9 +115,14 @@ class Rollout:
         self.live.update_(step.select(*self.step_td.keys()))
         self.live.update_(unpack(saved["state"], self.device))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, progress: Progress) -> int:
-        """Fill the buffer; return the number of agent steps taken."""
+        """Fill the buffer; return the number of agent steps taken.
+
+        In inference mode, not only without gradients: an op then skips autograd's version-counter and view
+        bookkeeping, a sixth of a small step's host time. What a step makes is copied into the buffer and the live
+        step (tensors made outside, written in place) or kept by a loss for its next rollout step (a teacher's
+        recurrent state), so no inference tensor reaches the learner (``tests/test_rollout.py``)."""
         exp, sw = self.experience, self.stopwatch
         exp.reset_for_rollout()
         with sw.time("rollout.prepare"):
@@ -126,7 +138,7 @@ class Rollout:
                 step = self._step(out)
             else:
                 with sw.time("rollout.inference"):
-                    out = self.forward() if self.forward is not None else self._act(self.live)
+                    out = self.forward() if self.forward is not None else self._act(self.inputs)
                 step = self._step(out)
                 with sw.time("rollout.hooks"):
                     for loss in self.losses.values():
@@ -134,7 +146,8 @@ class Rollout:
                 with sw.time("rollout.env"):
                     result = self.env.step(step[keys.ACTIONS])
             with sw.time("rollout.hooks"):
-                step.update({key: result[key] for key in OUTCOME_KEYS})
+                for key in OUTCOME_KEYS:
+                    step[key] = result[key]
                 if self.bootstrap_truncations:
                     step[keys.FINAL_VALUES] = self._final_values(result, out)
                 for loss in self.losses.values():
@@ -144,17 +157,19 @@ class Rollout:
                 self._advance(result, out)
             steps += self.num_agents
         with sw.time("rollout.inference"):
-            exp.last_values.copy_(self.act(self.live.copy())[keys.VALUES])
+            exp.last_values.copy_(self.act(dict(self.inputs))[keys.VALUES])
         return steps
 
-    def _act(self, live: TensorDict) -> TensorDict:
-        """The policy's outputs for the live step: the kept per-step outputs and the next state, batch [N]."""
-        return self.act(live.copy()).select(*self.keep)  # a shallow copy: the live step keeps only its inputs
+    def _act(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The policy's outputs for the live step's tensors ``inputs``: the kept per-step outputs and the next state
+        [N, ...]. The policy writes into a shallow copy, so ``inputs`` keeps only the live step's tensors."""
+        out = self.act(dict(inputs))
+        return {key: out[key] for key in self.keep}
 
-    def _act_and_step(self, live: TensorDict) -> TensorDict:
+    def _act_and_step(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``_act`` then the env step of its actions (the env's result under ``ENV``): one rollout step's device
         work when no loss acts between the two."""
-        out = self._act(live)
+        out = self._act(inputs)
         out[ENV] = self.env.step(out[keys.ACTIONS])
         return out
 
@@ -163,24 +178,25 @@ class Rollout:
         saved = self.env.state_dict()
         return lambda: self.env.load_state_dict(saved)
 
-    def _step(self, out: TensorDict) -> TensorDict:
-        """The step as hooks and the buffer see it: the live step's inputs and the policy's outputs (no copies)."""
-        step = self.live.exclude(*self.state_keys)
-        step.update(out.select(*self.policy_keys))
-        return step
+    def _step(self, out: dict[str, torch.Tensor]) -> TensorDict | dict[str, torch.Tensor]:
+        """The step as hooks and the buffer see it, [N, ...]: the live step's inputs and the policy's outputs (no
+        copies); a TensorDict (batch [N]) when a loss has step hooks, else a dict of the same tensors."""
+        step = dict(self.observed)
+        for key in self.policy_keys:
+            step[key] = out[key]
+        return TensorDict(step, batch_size=[self.num_agents], device=self.device) if self.hooked else step
 
-    def _advance(self, result: TensorDict, out: TensorDict) -> None:
+    def _advance(self, result: TensorDict, out: dict[str, torch.Tensor]) -> None:
         """Copy the env's new observation and the policy's next state into the live step."""
-        live = self.live
-        for key in live.keys():
-            if key == keys.EPISODE_START:
-                torch.logical_or(result[keys.TERMINATED], result[keys.TRUNCATED], out=live[key])
-            elif key in keys.NEXT_STATE:
-                live[key].copy_(out[keys.NEXT_STATE[key]])
+        for live, source in self.sources:
+            if source == keys.EPISODE_START:
+                torch.logical_or(result[keys.TERMINATED], result[keys.TRUNCATED], out=live)
+            elif source in out:
+                live.copy_(out[source])
             else:
-                live[key].copy_(result[key])
+                live.copy_(result[source])
 
-    def _final_values(self, result: TensorDict, out: TensorDict) -> torch.Tensor:
+    def _final_values(self, result: TensorDict, out: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(FINAL_OBS) where an agent was truncated, else 0: float32 [N]. The final observation continues the
         episode the state belongs to, so the policy sees it with that state and no reset."""
         if keys.FINAL_OBS not in result.keys():  # no truncation on this step (a key check, not a device read)
@@ -198,3 +214,8 @@ class Rollout:
         step = result.exclude(*OUTCOME_KEYS, keys.FINAL_OBS)
         step[keys.EPISODE_START] = torch.ones(self.num_agents, device=self.device)
         return step
+
+
+def overrides(loss: Loss, hook: str) -> bool:
+    """Whether ``loss`` implements the rollout hook ``hook`` (the base class's does nothing)."""
+    return getattr(type(loss), hook) is not getattr(Loss, hook)
