@@ -2,6 +2,8 @@
 rollouts, the ``Curriculum`` stages and their refusals, a real training run that changes stage and logs it, and a
 resume inside either stage that continues exactly like the uninterrupted run."""
 
+import re
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from machina.env.machina_1 import Machina1Env
 from machina.env.pool import Episodes
 from machina.errors import ConfigError
 from machina.training.curriculum import Curriculum
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_train
 from tests.test_checkpoint import EPOCH, metrics, run, without_timing
 
 GEOM = Geometry(11, 11)
@@ -109,11 +111,29 @@ def test_curriculum_stages_are_a_function_of_the_agent_step():
         ([{"until": 200, "env": {"region_size": 5}}, {"until": 200, "env": {"region_size": 6}}], r"\[1\].until=200"),
         ([{"until": 100, "env": {}}], "non-empty mapping"),
         ([{"until": 100, "env": {"max_steps": 50}}], r"sets \['max_steps'\].*can change \['region_size'\]"),
+        ([{"until": 100, "env": {"region_size": 7}}, {"until": 200, "env": {"region_size": 3}}], r"\[1\].env: .*3x3"),
     ],
 )
 def test_curriculum_refuses_malformed_stages(stages, match):
     with pytest.raises(ConfigError, match=match):
         Curriculum(stages, Machina1Env(num_envs=2))
+
+
+def test_a_stage_the_env_refuses_stops_the_run_before_it_writes_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    stages = "trainer.curriculum=[{until:100000,env:{region_size:9}},{until:200000,env:{region_size:3}}]"
+    result = run_train(["experiment=debug", stages, f"hydra.run.dir={run_dir}", "wandb=disabled"])
+    assert result.returncode == 2
+    assert re.search(
+        r"trainer\.curriculum\[1\]\.env: \d+ agents and objects do not fit in a 3x3 region",
+        result.stdout + result.stderr,
+    )
+    assert "Traceback" not in result.stderr
+    written = sorted(path.name for path in run_dir.iterdir())
+    assert not {"metrics.jsonl", "checkpoints", "resolved_config.yaml", "wandb"} & set(written), written
+    env = Machina1Env(num_envs=2)
+    Curriculum([{"until": 100, "env": {"region_size": 7}}], env)
+    assert env.settings() == {"region_size": None}  # checking the stages leaves the env's own settings
 
 
 def test_an_env_without_schedulable_settings_refuses_a_curriculum():

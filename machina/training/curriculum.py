@@ -58,8 +58,20 @@ class Curriculum:
                 )
             self.ends.append(until)
             self.stage_settings.append({**self.defaults, **settings})
+            self._check_values(where, self.stage_settings[-1])
         self.stage_settings.append(self.defaults)  # after the last stage
         self.applied: dict | None = None
+
+    def _check_values(self, where: str, settings: dict) -> None:
+        """Refuse at start-up, before the run writes anything, a stage whose values the env refuses (a region too
+        small for the map's objects): configure it, then configure the env's own settings back. Nothing happens in
+        between (settings take effect at the next ``prepare_rollout`` and ``configure`` draws no random number)."""
+        try:
+            self.env.configure(**settings)
+        except (ConfigError, ValueError) as err:
+            raise ConfigError(f"{where}.env: {err}") from None
+        finally:
+            self.env.configure(**self.defaults)
 
     def stage(self, agent_step: int) -> int:
         """Index of the stage ``agent_step`` falls in; ``len(stages)`` after the last (the env's own settings)."""
