@@ -133,3 +133,23 @@ def test_a_graphed_rollout_restores_the_env_after_its_warm_up():
         assert torch.equal(out["env"][key], result[key]), key
     for key, value in eager_env.state_dict().items():
         assert torch.equal(env.state_dict()[key], value), key
+
+
+def test_eager_rollouts_run_in_inference_mode_and_graphed_ones_only_without_gradients():
+    """A graph captured in inference mode can leave the CUDA generator's state as inference tensors that the
+    learner's later capture, outside inference mode, may not update; eager steps gain a sixth of their host time."""
+    cfg = compose_config([*TINY, "system.threads=1"])
+    parts = build(cfg)
+    modes = []
+    step = parts.env.step
+
+    def recording_step(actions):
+        modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        return step(actions)
+
+    parts.env.step = recording_step
+    for graph in (None, Rerun):
+        rollout = Rollout(parts.env, parts.policy, parts.losses, parts.experience, parts.rollout.stopwatch, graph=graph)
+        modes.clear()
+        rollout.run(build_trainer(cfg, parts, sinks=[]).progress)
+        assert set(modes) == ({(True, False)} if graph is None else {(False, False)}), graph

@@ -115,14 +115,21 @@ class Rollout:
         self.live.update_(step.select(*self.step_td.keys()))
         self.live.update_(unpack(saved["state"], self.device))
 
-    @torch.inference_mode()
     def run(self, progress: Progress) -> int:
         """Fill the buffer; return the number of agent steps taken.
 
-        In inference mode, not only without gradients: an op then skips autograd's version-counter and view
-        bookkeeping, a sixth of a small step's host time. What a step makes is copied into the buffer and the live
-        step (tensors made outside, written in place) or kept by a loss for its next rollout step (a teacher's
-        recurrent state), so no inference tensor reaches the learner (``tests/test_rollout.py``)."""
+        Eager steps run in inference mode, not only without gradients: an op then skips autograd's version-counter
+        and view bookkeeping, a sixth of a small step's host time. What a step makes is copied into the buffer and
+        the live step (tensors made outside, written in place) or kept by a loss for its next rollout step (a
+        teacher's recurrent state), so no inference tensor reaches the learner (``tests/test_rollout.py``). A graphed
+        rollout replays kernels with no per-op host work to save, and is captured without gradients only: a graph
+        captured in inference mode can leave the CUDA generator's state as inference tensors, which the learner's
+        capture outside it may not update (pytorch/pytorch#166792)."""
+        graphed = self.whole_step is not None or self.forward is not None
+        with torch.no_grad() if graphed else torch.inference_mode():
+            return self._run(progress)
+
+    def _run(self, progress: Progress) -> int:
         exp, sw = self.experience, self.stopwatch
         exp.reset_for_rollout()
         with sw.time("rollout.prepare"):
