@@ -10,7 +10,12 @@ from machina.keys import ENCODED, OBS
 from machina.policy.bag_sum import bag_sum
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.tokens import BYTE_VALUES, cell_index_table, inverse_norm_table
+from machina.policy.tokens import (
+    BYTE_VALUES,
+    cell_index_table,
+    inverse_norm_table,
+    scaled_value_table,
+)
 
 
 class TokenBagEncoder(Component):
@@ -48,8 +53,7 @@ class TokenBagEncoder(Component):
         # its weight (1 for a categorical row, value / norm for a scaled one, 0 for padding and unknown ids).
         value = torch.arange(BYTE_VALUES)
         row_of = row_offset.view(-1, 1) + torch.minimum(value.view(1, -1), max_level.view(-1, 1)) * cells
-        scaled = value.float().view(1, -1) * inv_norm.view(-1, 1)
-        weight_of = torch.where(max_level.view(-1, 1) > 0, inv_norm.view(-1, 1).gt(0).float(), scaled)
+        weight_of = torch.where(max_level.view(-1, 1) > 0, inv_norm.view(-1, 1).gt(0).float(), scaled_value_table(spec))
         # Derived from the spec, so not saved in checkpoints.
         self.register_buffer("row_of", row_of.flatten(), persistent=False)  # int64 [256 * 256]
         self.register_buffer("weight_of", weight_of.flatten(), persistent=False)  # float32 [256 * 256]

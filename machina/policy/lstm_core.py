@@ -41,12 +41,13 @@ class LSTMCore(Component):
         h, c = seq[HIDDEN], seq[CELL]
         batch = h.shape[0]  # from the tensors, not batch_size: at rollout both may be one plain dict
         steps = step[ENCODED].shape[0] // batch
+        keep = 1.0 - step[EPISODE_START]
         if steps == 1:
-            keep = (1.0 - step[EPISODE_START]).unsqueeze(1)
+            keep = keep.unsqueeze(1)
             h, c = self.cell(step[ENCODED], (h * keep, c * keep))
             step[CORE] = h
         else:
-            keep = (1.0 - step[EPISODE_START]).view(batch, steps, 1)
+            keep = keep.view(batch, steps, 1)
             cell = self.cell
             projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
             # unbind, not projected[:, t]: the backward of T selects would fill a zero [B, T, 4H] gradient per step.

@@ -12,7 +12,7 @@ from machina.env.spec import PAD_TOKEN, ObsSpec
 from machina.keys import ENCODED, OBS
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.tokens import BYTE_VALUES, inverse_norm_table, is_real_token
+from machina.policy.tokens import BYTE_VALUES, is_real_token, scaled_value_table
 
 
 class TokenEmbedding(nn.Module):
@@ -36,8 +36,7 @@ class TokenEmbedding(nn.Module):
         # Derived from the spec and the settings, so not saved in checkpoints.
         fourier = torch.cat((angles.cos(), angles.sin()), -1)  # float32 [256, 4F]: location byte -> its features
         self.register_buffer("fourier_of", fourier, persistent=False)
-        scaled = byte.float().view(1, -1) * inverse_norm_table(spec).view(-1, 1)  # [feature, value] -> value / norm
-        self.register_buffer("scaled_of", scaled.flatten(), persistent=False)  # float32 [256 * 256]
+        self.register_buffer("scaled_of", scaled_value_table(spec).flatten(), persistent=False)  # float32 [256 * 256]
         self.dim = feature_dim + 4 * len(frequencies) + 1
 
     def forward(self, obs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

@@ -29,3 +29,9 @@ def inverse_norm_table(spec: ObsSpec) -> torch.Tensor:
     table = torch.zeros(BYTE_VALUES)
     table[: spec.num_features] = 1.0 / torch.tensor(spec.feature_norms, dtype=torch.float32)
     return table
+
+
+def scaled_value_table(spec: ObsSpec) -> torch.Tensor:
+    """float32 [256, 256]: [feature id, value byte] -> value / feature_norm (0 for unknown ids and padding); a token's
+    entry is at ``feature * 256 + value`` of the flattened table."""
+    return torch.arange(BYTE_VALUES).float().view(1, -1) * inverse_norm_table(spec).view(-1, 1)

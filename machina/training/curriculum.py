@@ -68,7 +68,7 @@ class Curriculum:
         between (settings take effect at the next ``prepare_rollout`` and ``configure`` draws no random number)."""
         try:
             self.env.configure(**settings)
-        except (ConfigError, ValueError) as err:
+        except ConfigError as err:
             raise ConfigError(f"{where}.env: {err}") from None
         finally:
             self.env.configure(**self.defaults)

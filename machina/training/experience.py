@@ -109,8 +109,8 @@ class Experience:
             # This pass's rows of every stored key, [N, T, ...] views: each step then writes one time column.
             self._rows = [(key, self.buffer[key][rows]) for key in self.step_keys]
         t = self._t
-        for key, rows in self._rows:
-            rows.select(1, t).copy_(step[key])
+        for key, view in self._rows:
+            view.select(1, t).copy_(step[key])
         self._t += 1
         if self._t == self.bptt_horizon:
             self._t = 0
