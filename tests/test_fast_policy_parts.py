@@ -115,36 +115,3 @@ def test_lstm_core_sequence_equals_lstm_cell_stepped_with_resets():
     torch.testing.assert_close(xs.grad, xr.grad)
     for (name, mine), theirs in zip(core.cell.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(mine.grad, theirs.grad, msg=name)
-
-
-def test_perceiver_token_embedding_follows_its_definition():
-    """``policy=vit``'s token embedding, token by token: the feature's learned row, cos then sin of pi * f * y and
-    pi * f * x for each frequency f (y and x, the location's nibbles, scaled from [0, window - 1] to [-1, 1]), and the
-    value over the feature's norm (0 for unknown ids); all zero at padding."""
-    from machina.policy.perceiver import TokenEmbedding
-    from machina.policy.tokens import is_real_token
-
-    frequencies = (1.0, 2.0, 4.0)
-    embed = TokenEmbedding(SPEC, feature_dim=6, frequencies=frequencies)
-    obs = tokens(5, seed=3)
-    real = is_real_token(obs)
-    got = embed(obs, real)
-    assert got.shape == (5, SPEC.max_tokens, embed.dim) and embed.dim == 6 + 4 * 3 + 1
-    for i in range(obs.shape[0]):
-        for j in range(obs.shape[1]):
-            location, feature, value = (int(b) for b in obs[i, j])
-            if not real[i, j]:
-                assert not got[i, j].any()
-                continue
-            y, x = (c * 2.0 / (SPEC.window - 1) - 1.0 for c in (location >> 4, location & 0xF))
-            angles = [torch.pi * f * c for c in (y, x) for f in frequencies]
-            norm = SPEC.feature_norms[feature] if feature < SPEC.num_features else None
-            want = torch.cat(
-                (
-                    embed.feature.weight[feature],
-                    torch.tensor([torch.cos(torch.tensor(a)) for a in angles]),
-                    torch.tensor([torch.sin(torch.tensor(a)) for a in angles]),
-                    torch.tensor([value / norm if norm else 0.0]),
-                )
-            )
-            torch.testing.assert_close(got[i, j], want, rtol=1e-6, atol=1e-6)

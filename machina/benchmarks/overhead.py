@@ -9,7 +9,11 @@ arithmetic; on a GPU every aten op is at least one kernel launch. Both can be me
 - ``ops_per_step`` / ``ops_per_minibatch``: aten operators recorded by ``torch.profiler`` (every ``aten::`` event,
   nested ones included; machine load does not change it);
 - ``host_us_per_step`` / ``host_us_per_minibatch``: the main thread's CPU time (``time.thread_time``) with one
-  torch thread, best of several rounds (less sensitive to other jobs than wall time, not immune to them).
+  torch thread, best of several rounds (less sensitive to other jobs than wall time, not immune to them);
+- ``*_narrow``: the same for the policy with every width shrunk to 8 (``NARROW``): the same ops (checked:
+  ``ops_per_step_narrow``), so the same dispatch and Python work, without the arithmetic. At one env most of a
+  ``policy=fast`` step is overhead, but a third of a ``policy=vit`` step is its 64- to 512-wide matrix products,
+  which a GPU does in microseconds; the narrow host time is the part a GPU would still pay per op.
 
 A rollout step is the policy forward, the losses' hooks, the env step and the buffer write (the rollout's final
 bootstrap forward is spread over its steps); a minibatch is one learner pass's share of its update (advantages,
@@ -26,6 +30,20 @@ from torch.profiler import ProfilerActivity, profile
 from machina.losses.base import Progress
 
 TINY = ["env.num_envs=1", "experience.batch_size=64", "experience.bptt_horizon=16", "experience.minibatch_size=64"]
+# Every width of the policy shrunk to 8: the same graph of ops with almost no arithmetic.
+NARROW = {
+    "policy=fast": ["policy.encoder.embed_dim=8", "policy.encoder.hidden=8", "policy.core.hidden_size=8"],
+    "policy=vit": [
+        "policy.encoder.latent_dim=8",
+        "policy.encoder.num_latents=2",
+        "policy.encoder.num_heads=2",
+        "policy.encoder.feature_dim=2",
+        "policy.encoder.frequencies=[1.0]",
+        "policy.core.hidden_size=8",
+        "policy.actor.hidden=[8]",
+        "policy.critic.hidden=[8]",
+    ],
+}
 
 
 def aten_ops(fn) -> int:
@@ -76,7 +94,8 @@ def measure(trainer) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """``measure`` for policy=fast and policy=vit (or the policy the overrides name), on one env."""
+    """``measure`` for policy=fast and policy=vit (or the policy the overrides name), on one env; again with the
+    policy's widths shrunk (``NARROW``) for the policies it knows."""
     from machina.benchmarks.training import Setup
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,17 +104,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     named = any(o.startswith("policy=") for o in args.overrides)
     policies = [[]] if named else [["policy=fast"], ["policy=vit"]]
-    cols = ("ops_per_step", "host_us_per_step", "ops_per_minibatch", "host_us_per_minibatch")
+    cols = ("ops_per_step", "host_us_per_step", "host_us_per_step_narrow", "ops_per_minibatch", "host_us_per_minibatch")
     if not args.json:
         print(f"{'configuration':<40}" + "".join(f"{c:>24}" for c in cols))
     results = []
     for policy in policies:
         chosen = [*TINY, *policy, *args.overrides]
         result = {"overrides": chosen, **measure(Setup(chosen).trainer)}
+        shrink = next((NARROW[o] for o in chosen[::-1] if o in NARROW), None)
+        if shrink is not None:
+            narrow = measure(Setup([*chosen, *shrink]).trainer)
+            result.update({f"{key}_narrow": value for key, value in narrow.items()})
         results.append(result)
         if args.json:
             print(json.dumps(result))
         else:
             name = " ".join([*policy, *args.overrides]) or "(defaults)"
-            print(f"{name:<40}" + "".join(f"{result[c]:>24,.1f}" for c in cols))
+            print(f"{name:<40}" + "".join(f"{result.get(c, float('nan')):>24,.1f}" for c in cols))
     return results

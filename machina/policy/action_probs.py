@@ -40,6 +40,6 @@ class ActionProbs(Component):
             noise = torch.rand_like(logits).log_().neg_().log_()
             actions = (logits - noise).argmax(-1)
             step[ACTIONS] = actions
-        step[ACT_LOG_PROB] = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        step[ACT_LOG_PROB] = log_probs.gather(-1, actions.view(-1, 1)).view(-1)
         if self.emit_full_log_probs:
             step[FULL_LOG_PROBS] = log_probs

@@ -51,4 +51,4 @@ class CriticHead(Component):
         self.out_widths = {VALUES: 1}
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
-        step[VALUES] = self.net(step[CORE]).squeeze(-1)
+        step[VALUES] = self.net(step[CORE]).view(-1)

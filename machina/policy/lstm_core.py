@@ -17,9 +17,10 @@ class LSTMCore(Component):
     the per-sequence TensorDict. The parameters are an ``nn.LSTMCell``'s (gate order i, f, g, o).
 
     Why a loop and not ``nn.LSTM``: resets inside a sequence need the state zeroed between steps, which the fused
-    kernel cannot do. At rollout (T = 1) one ``LSTMCell`` call is the whole step. In training the input projection
-    ``x W_ih^T + b`` of all B*T steps is one matrix product before the loop, so each of the T steps only multiplies
-    the [B, H] state by ``W_hh``: half the per-step matrix products, and one large one instead of T small ones.
+    kernel cannot do. At rollout (T = 1) one ``torch.lstm_cell`` call is the whole step. In training the input
+    projection ``x W_ih^T + b`` of all B*T steps is one matrix product before the loop, so each of the T steps only
+    multiplies the [B, H] state by ``W_hh``: half the per-step matrix products, and one large one instead of T small
+    ones.
     """
 
     in_keys = (ENCODED, EPISODE_START, HIDDEN, CELL)
@@ -41,14 +42,16 @@ class LSTMCore(Component):
         h, c = seq[HIDDEN], seq[CELL]
         batch = h.shape[0]  # from the tensors, not batch_size: at rollout both may be one plain dict
         steps = step[ENCODED].shape[0] // batch
-        keep = 1.0 - step[EPISODE_START]
+        start, cell = step[EPISODE_START], self.cell
         if steps == 1:
-            keep = keep.unsqueeze(1)
-            h, c = self.cell(step[ENCODED], (h * keep, c * keep))
+            # h - h * start is h * (1 - start) in one op with no scalar operand (a conversion op of its own); the
+            # cell's function, not the module, which checks its arguments' shapes on every call.
+            start = start.view(-1, 1)
+            h, c = (torch.addcmul(h, h, start, value=-1), torch.addcmul(c, c, start, value=-1))
+            h, c = torch.lstm_cell(step[ENCODED], (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
             step[CORE] = h
         else:
-            keep = keep.view(batch, steps, 1)
-            cell = self.cell
+            keep = (1.0 - start).view(batch, steps, 1)
             projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
             # unbind, not projected[:, t]: the backward of T selects would fill a zero [B, T, 4H] gradient per step.
             outputs = []

@@ -12,43 +12,59 @@ from machina.env.spec import PAD_TOKEN, ObsSpec
 from machina.keys import ENCODED, OBS
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.tokens import BYTE_VALUES, is_real_token, scaled_value_table
+from machina.policy.tokens import BYTE_VALUES, scaled_value_table, token_bytes
+
+# The attention bias of a padding token in the first slot instead of -inf: exp() of it is 0 next to any real token's
+# score, and a row of padding only (whose other slots are -inf) attends to that slot alone instead of giving NaN.
+FIRST_SLOT_MASKED = -1e9
 
 
 class TokenEmbedding(nn.Module):
-    """uint8 [N, M, 3] -> float32 [N, M, E], E = feature_dim + 4 * len(frequencies) + 1; zero at padding tokens.
+    """int64 [K] location, feature and value bytes (``tokens.token_bytes``) -> float32 [K, E],
+    E = feature_dim + 4 * len(frequencies) + 1.
 
     Per token: a learned embedding of the feature id, Fourier features (cos, sin of y and x scaled to [-1, 1]) of its
     location, and its value divided by the feature's norm. The last two depend on one or two bytes only, so they are
-    tables built once (rows of the location byte; entries of the (feature, value) pair): three lookups per token
-    instead of about sixty small ops, the same numbers.
+    tables built once (rows of the location byte; entries of the (feature, value) pair). A padding token embeds to
+    zero with no mask: its feature row is the embedding's padding row, its location byte 0xFF lies outside every
+    window (at most 15 x 15) and has a zero Fourier row, and its feature's norm entry is 0.
     """
 
     def __init__(self, spec: ObsSpec, feature_dim: int, frequencies: Sequence[float]) -> None:
         super().__init__()
+        if not 1 <= spec.window <= 15:
+            raise ValueError(
+                f"policy=vit needs a window of 1..15 (location byte 0xFF marks padding), got {spec.window}"
+            )
         self.feature = nn.Embedding(BYTE_VALUES, feature_dim, padding_idx=PAD_TOKEN)
         with torch.no_grad():
             nn.init.trunc_normal_(self.feature.weight, std=0.02)
             self.feature.weight[PAD_TOKEN].zero_()
         byte = torch.arange(BYTE_VALUES)
-        yx = torch.stack((byte >> 4, byte & 0xF), -1).float() * (2.0 / (spec.window - 1)) - 1.0
+        y, x = byte >> 4, byte & 0xF
+        yx = torch.stack((y, x), -1).float() * (2.0 / max(spec.window - 1, 1)) - 1.0
         angles = (yx.unsqueeze(-1) * (math.pi * torch.tensor(frequencies, dtype=torch.float32))).flatten(-2)
+        inside = ((y < spec.window) & (x < spec.window)).unsqueeze(-1)
         # Derived from the spec and the settings, so not saved in checkpoints.
-        fourier = torch.cat((angles.cos(), angles.sin()), -1)  # float32 [256, 4F]: location byte -> its features
+        fourier = torch.cat((angles.cos(), angles.sin()), -1) * inside  # float32 [256, 4F]: location byte -> features
         self.register_buffer("fourier_of", fourier, persistent=False)
         self.register_buffer("scaled_of", scaled_value_table(spec).flatten(), persistent=False)  # float32 [256 * 256]
         self.dim = feature_dim + 4 * len(frequencies) + 1
 
-    def forward(self, obs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        tokens = obs.long()  # one copy of [N, M, 3]; the three bytes are views of it
-        feature = tokens[..., 1]
-        value = torch.take(self.scaled_of, feature * BYTE_VALUES + tokens[..., 2]).unsqueeze(-1)
-        embedded = torch.cat((self.feature(feature), F.embedding(tokens[..., 0], self.fourier_of), value), -1)
-        return embedded * real.unsqueeze(-1)
+    def forward(self, location: torch.Tensor, feature: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        scaled = torch.take(self.scaled_of, (feature * BYTE_VALUES + value).view(-1, 1))
+        features = F.embedding(feature, self.feature.weight, PAD_TOKEN)
+        return torch.cat((features, self.fourier_of.index_select(0, location), scaled), -1)
 
 
 class CrossAttentionLayer(nn.Module):
-    """Latents [N, L, D] attend to the tokens' keys / values (pre-LN query, masked), then a pre-LN MLP; residuals."""
+    """Latents attend to the tokens' keys / values (pre-LN query, masked), then a pre-LN MLP; residuals.
+
+    Latents are flat rows, [B * L, D] in and [N * L, D] out: B = 1 for the learned latents of the first layer, whose
+    query is the same for all N observations (computed once, then broadcast), B = N after it. Flat rows make every
+    projection one 2-D matrix product. The forward calls the functions of its parts (``F.linear`` with their
+    parameters, ``norm``) rather than the modules: at a small batch a module call costs more host time than its op.
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: int = 4) -> None:
         super().__init__()
@@ -61,13 +77,30 @@ class CrossAttentionLayer(nn.Module):
             layer_init(nn.Linear(dim, mlp_ratio * dim)), nn.GELU(), layer_init(nn.Linear(mlp_ratio * dim, dim), std=1.0)
         )
 
-    def forward(self, latents: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-        """``k``, ``v`` [N, heads, M, D / heads]; ``attend`` bool [N, 1, 1, M]: True where a token may be attended."""
-        n, num_latents, dim = latents.shape
-        q = self.query(self.query_norm(latents)).view(n, num_latents, self.num_heads, -1).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
-        latents = latents + self.out(attended.transpose(1, 2).reshape(n, num_latents, dim))
-        return latents + self.mlp(self.mlp_norm(latents))
+    def forward(
+        self, latents: torch.Tensor, num_latents: int, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """``k``, ``v`` [N, heads, M, D / heads]; ``bias`` float32 [N, 1, 1, M]: 0 for a token, -inf for padding
+        (``FIRST_SLOT_MASKED`` in the first slot)."""
+        n, heads, _, head_dim = k.shape
+        q = F.linear(norm(self.query_norm, latents), self.query.weight)
+        q = q.view(-1, num_latents, heads, head_dim).transpose(1, 2)
+        if q.shape[0] != n:  # the first layer's shared query; an explicit batch keeps the fused attention kernels
+            q = q.expand(n, -1, -1, -1)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(n * num_latents, -1)
+        out = F.linear(attended, self.out.weight, self.out.bias)
+        if latents.shape[0] == out.shape[0]:
+            latents = latents + out
+        else:  # the first layer's [L, D] latents, the same for every observation
+            latents = (out.view(n, num_latents, -1) + latents).view(n * num_latents, -1)
+        first, _, second = self.mlp
+        hidden = F.gelu(F.linear(norm(self.mlp_norm, latents), first.weight, first.bias))
+        return latents + F.linear(hidden, second.weight, second.bias)
+
+
+def norm(layer: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` without the module call."""
+    return torch.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
 
 
 class PerceiverEncoder(Component):
@@ -101,19 +134,23 @@ class PerceiverEncoder(Component):
         self.latents = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_latents, latent_dim), std=0.02))
         self.layers = nn.ModuleList(CrossAttentionLayer(latent_dim, num_heads) for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(latent_dim)
+        bias_of = torch.zeros(BYTE_VALUES)
+        bias_of[PAD_TOKEN] = -math.inf
+        self.register_buffer("bias_of", bias_of, persistent=False)  # float32 [256]: feature byte -> attention bias
+        # A 0-dim tensor, not a Python float: scaling by it is one op, with no scalar-to-tensor conversion.
+        self.register_buffer("mean_scale", torch.tensor(1.0 / num_latents), persistent=False)
         self.out_widths = {ENCODED: latent_dim}
         self.input_spec = {OBS: ((dims.obs.max_tokens, 3), torch.uint8)}
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
         obs = step[OBS]
-        real = is_real_token(obs)
-        tokens = self.token_norm(self.embed(obs, real))
-        # A row of padding only would attend to nothing and give NaN; let it attend to its first (zeroed) slot.
-        empty = ~real.any(-1, keepdim=True)
-        attend = torch.cat((real[:, :1] | empty, real[:, 1:]), -1)[:, None, None, :]
-        n, m = real.shape
-        k, v = self.key_value(tokens).view(n, m, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        latents = self.latents.expand(n, -1, -1)
+        n, m, _ = obs.shape
+        location, feature, value = token_bytes(obs)
+        tokens = norm(self.token_norm, self.embed(location, feature, value))
+        k, v = F.linear(tokens, self.key_value.weight).view(n, m, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        bias = torch.take(self.bias_of, feature.view(n, 1, 1, m))
+        bias.select(-1, 0).clamp_(min=FIRST_SLOT_MASKED)
+        latents, num_latents = self.latents, self.latents.shape[0]
         for layer in self.layers:
-            latents = layer(latents, k, v, attend)
-        step[ENCODED] = self.final_norm(latents).mean(1)
+            latents = layer(latents, num_latents, k, v, bias)
+        step[ENCODED] = norm(self.final_norm, latents).view(n, num_latents, -1).sum(1).mul_(self.mean_scale)

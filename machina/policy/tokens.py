@@ -6,14 +6,15 @@ every byte. Tables indexed by a byte turn decoding into gathers with fixed shape
 
 import torch
 
-from machina.env.spec import PAD_TOKEN, ObsSpec
+from machina.env.spec import ObsSpec
 
 BYTE_VALUES = 256
 
 
-def is_real_token(obs: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, M, 3] -> bool [N, M]: True for tokens that are not padding (feature id != PAD_TOKEN)."""
-    return obs[..., 1] != PAD_TOKEN
+def token_bytes(obs: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, M, 3] -> int64 [3, N * M]: the location, feature and value bytes of every token, one contiguous row
+    each (a row indexes a table with no copy)."""
+    return obs.reshape(-1, 3).t().to(torch.int64, memory_format=torch.contiguous_format)
 
 
 def cell_index_table(window: int) -> torch.Tensor:

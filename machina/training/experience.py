@@ -82,17 +82,24 @@ class Experience:
         self.last_values = torch.zeros(num_agents, device=self.device)
         self.step_keys = tuple(spec)
         self.state_keys = tuple(state_spec)
-        self._pass = 0
-        self._t = 0
-        self._rows: list[tuple[str, torch.Tensor]] = []
+        # Where each env step of a rollout goes, as views built once (the buffer is only ever written in place, so
+        # they stay valid): per step, every stored key's [N, ...] time column; per pass, the recurrent state's
+        # [N, ...] rows. A step is then one copy per key, with no indexing.
+        self._columns: list[list[tuple[str, torch.Tensor]]] = []
+        self._state_rows: list[list[tuple[str, torch.Tensor]]] = []
+        for first in range(0, self.segments, num_agents):
+            rows = slice(first, first + num_agents)
+            self._state_rows.append([(key, self.row_state[key][rows]) for key in self.state_keys])
+            row_views = [(key, self.buffer[key][rows]) for key in self.step_keys]
+            self._columns.extend([(key, view.select(1, t)) for key, view in row_views] for t in range(bptt_horizon))
+        self._step = 0
 
     @property
     def full(self) -> bool:
-        return self._pass * self.num_agents >= self.segments
+        return self._step == len(self._columns)
 
     def reset_for_rollout(self) -> None:
-        self._pass = 0
-        self._t = 0
+        self._step = 0
         self.buffer[keys.RATIO].fill_(1.0)
 
     def store(self, step: Mapping[str, torch.Tensor], state: TensorDict) -> None:
@@ -102,19 +109,13 @@ class Experience:
             step: every key of ``spec``, [N, ...] (a TensorDict or a dict of tensors).
             state: batch [N] recurrent state before this step; recorded when the step opens a row.
         """
-        if self._t == 0:
-            rows = slice(self._pass * self.num_agents, (self._pass + 1) * self.num_agents)
-            for key in self.state_keys:
-                self.row_state[key][rows] = state[key]
-            # This pass's rows of every stored key, [N, T, ...] views: each step then writes one time column.
-            self._rows = [(key, self.buffer[key][rows]) for key in self.step_keys]
-        t = self._t
-        for key, view in self._rows:
-            view.select(1, t).copy_(step[key])
-        self._t += 1
-        if self._t == self.bptt_horizon:
-            self._t = 0
-            self._pass += 1
+        p, t = divmod(self._step, self.bptt_horizon)
+        if t == 0:
+            for key, rows in self._state_rows[p]:
+                rows.copy_(state[key])
+        for key, column in self._columns[self._step]:
+            column.copy_(step[key])
+        self._step += 1
 
 
 def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_size: int) -> tuple[int, int]:
