@@ -10,7 +10,7 @@ arithmetic; on a GPU every aten op is at least one kernel launch. Both can be me
   nested ones included; machine load does not change it);
 - ``host_us_per_step`` / ``host_us_per_minibatch``: the main thread's CPU time (``time.thread_time``) with one
   torch thread, best of several rounds (less sensitive to other jobs than wall time, not immune to them);
-- ``*_narrow``: the same for the policy with every width shrunk to 8 (``NARROW``): the same ops (checked:
+- ``*_narrow`` (on a CPU): the same for the policy with every width shrunk to 8 (``NARROW``): the same ops (checked:
   ``ops_per_step_narrow``), so the same dispatch and Python work, without the arithmetic. At one env most of a
   ``policy=fast`` step is overhead, but a third of a ``policy=vit`` step is its 64- to 512-wide matrix products,
   which a GPU does in microseconds; the narrow host time is the part a GPU would still pay per op.
@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for policy in policies:
         chosen = [*TINY, *policy, *args.overrides]
-        result = {"overrides": chosen, **measure(Setup(chosen).trainer)}
+        setup = Setup(chosen)
+        result = {"overrides": chosen, **measure(setup.trainer)}
         shrink = next((NARROW[o] for o in chosen[::-1] if o in NARROW), None)
-        if shrink is not None:
+        if shrink is not None and setup.parts.device.type == "cpu":  # an accelerator's arithmetic is not host time
             narrow = measure(Setup([*chosen, *shrink]).trainer)
             result.update({f"{key}_narrow": value for key, value in narrow.items()})
         results.append(result)
