@@ -47,7 +47,7 @@ class LSTMCore(Component):
             # h - h * start is h * (1 - start) in one op with no scalar operand (a conversion op of its own); the
             # cell's function, not the module, which checks its arguments' shapes on every call.
             start = start.view(-1, 1)
-            h, c = (torch.addcmul(h, h, start, value=-1), torch.addcmul(c, c, start, value=-1))
+            h, c = torch.addcmul(h, h, start, value=-1), torch.addcmul(c, c, start, value=-1)
             h, c = torch.lstm_cell(step[ENCODED], (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
             step[CORE] = h
         else:

@@ -66,9 +66,8 @@ class CrossAttentionLayer(nn.Module):
     parameters, ``norm``) rather than the modules: at a small batch a module call costs more host time than its op.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: int = 4) -> None:
+    def __init__(self, dim: int, mlp_ratio: int = 4) -> None:
         super().__init__()
-        self.num_heads = num_heads
         self.query_norm = nn.LayerNorm(dim)
         self.query = layer_init(nn.Linear(dim, dim, bias=False), std=1.0)
         self.out = layer_init(nn.Linear(dim, dim), std=1.0)
@@ -80,8 +79,8 @@ class CrossAttentionLayer(nn.Module):
     def forward(
         self, latents: torch.Tensor, num_latents: int, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
-        """``k``, ``v`` [N, heads, M, D / heads]; ``bias`` float32 [N, 1, 1, M]: 0 for a token, -inf for padding
-        (``FIRST_SLOT_MASKED`` in the first slot)."""
+        """``k``, ``v`` [N, heads, M, D / heads] (the layer takes its heads from them); ``bias`` float32
+        [N, 1, 1, M]: 0 for a token, -inf for padding (``FIRST_SLOT_MASKED`` in the first slot)."""
         n, heads, _, head_dim = k.shape
         q = F.linear(norm(self.query_norm, latents), self.query.weight)
         q = q.view(-1, num_latents, heads, head_dim).transpose(1, 2)
@@ -132,7 +131,7 @@ class PerceiverEncoder(Component):
         self.num_heads = num_heads
         self.key_value = layer_init(nn.Linear(self.embed.dim, 2 * latent_dim, bias=False), std=1.0)
         self.latents = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_latents, latent_dim), std=0.02))
-        self.layers = nn.ModuleList(CrossAttentionLayer(latent_dim, num_heads) for _ in range(num_layers))
+        self.layers = nn.ModuleList(CrossAttentionLayer(latent_dim) for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(latent_dim)
         bias_of = torch.zeros(BYTE_VALUES)
         bias_of[PAD_TOKEN] = -math.inf
