@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from machina import distributed, preflight, resolvers
+from machina import distributed, preflight, resolvers, run_record
 from machina.cli import report_errors
 
 # Registered at import time, before @hydra.main composes (also in launcher subprocesses, which re-import this file).
@@ -19,14 +19,14 @@ resolvers.register()
 def main(cfg: DictConfig) -> float:
     from machina.run import train
 
-    # Under torchrun this process is one rank of a data-parallel job (docs/distributed.md); alone it is the job.
-    with report_errors(), distributed.process_group(cfg.system.device):
+    # Nothing is written to the run folder until the run is accepted (machina.run_record); under torchrun this
+    # process is one rank of a data-parallel job (docs/distributed.md); alone it is the job.
+    with run_record.deferred(cfg), report_errors(), distributed.process_group(cfg.system.device):
         return train(cfg)
 
 
 if __name__ == "__main__":
     # Keys that moved keep their old spelling; a misspelt option or key, or an unwritable run folder, stops here
-    # (exit 2), before Hydra makes a run folder.
-    sys.argv[1:] = preflight.renamed(sys.argv[1:])
-    preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    # (exit 2), before Hydra makes a run folder; the run folder is pinned, so the one checked is the one used.
+    sys.argv[1:] = preflight.check_or_exit(preflight.renamed(sys.argv[1:]), Path(__file__).resolve().parent / "conf")
     main()

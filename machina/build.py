@@ -6,10 +6,14 @@ folder, sinks, checkpoints and evaluation; benchmarks and tests build the same p
 """
 
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -42,7 +46,50 @@ class Parts:
 
 
 def build(cfg: DictConfig, rank: int = 0) -> Parts:
-    """Instantiate every part of the experiment; the config is read, never mutated."""
+    """Instantiate every part of the experiment; the config is read, never mutated. A part whose sizes do not fit in
+    memory is refused with a ConfigError naming its largest settings (``allocating``)."""
+    with allocating(cfg, "env", "policy", "experience"):
+        return build_parts(cfg, rank)
+
+
+@contextmanager
+def allocating(cfg: DictConfig, *groups: str) -> Iterator[None]:
+    """Turn a failed allocation (the CPU allocator's RuntimeError, MemoryError, CUDA out of memory) while the parts
+    are built into a ConfigError naming the largest integer settings of ``groups``: the sizes to lower."""
+    try:
+        yield
+    except (RuntimeError, MemoryError, InstantiationException) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) else err
+        text = f"{type(cause).__name__}: {cause}"
+        if not isinstance(cause, MemoryError) and not ALLOCATION_FAILED.search(text):
+            raise
+        sizes = sorted(
+            ((value, f"{group}.{key}") for group in groups for key, value in int_settings(cfg.get(group))),
+            reverse=True,
+        )
+        largest = ", ".join(f"{key}={value:,}" for value, key in sizes[:4])
+        raise ConfigError(
+            f"the experiment does not fit in memory ({' '.join(text.split())[:160]}); lower the largest sizes: "
+            f"{largest}"
+        ) from None
+
+
+# How torch and Python report an allocation that cannot be served.
+ALLOCATION_FAILED = re.compile(r"can't allocate memory|out of memory|MemoryError|Cannot allocate memory", re.I)
+
+
+def int_settings(node, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """``(dotted key, value)`` of every integer under ``node`` (a config node, or None)."""
+    if not isinstance(node, DictConfig):
+        return
+    for key, value in node.items_ex(resolve=True):
+        if isinstance(value, DictConfig):
+            yield from int_settings(value, f"{prefix}{key}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
+
+
+def build_parts(cfg: DictConfig, rank: int) -> Parts:
     system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
     if cfg.system.compile == "auto":
         log.info("system.compile=auto: %s", "compiling the policy and the update" if system.compile else "eager")

@@ -12,16 +12,22 @@ Which folders are listed, decided from what they hold: only training runs (``.hy
 node; ``eval.py``'s folders have none); of those, every job of a sweep (a failed job is part of its sweep's result),
 and every single run that logged at least one epoch. A single run with no epoch (it stopped at start-up: a bad
 setting) is left out, unless its folder is an argument itself. A stop by Ctrl-C or SIGTERM is ``incomplete`` (it
-resumes), a stop with another error ``failed``; the last error of its ``train.log`` is printed under its row.
+resumes), a stop with another error ``failed``; the last error of its ``train.log`` is printed under its row. A
+folder with a file that cannot be read (not YAML, a directory in a file's place) is listed as ``damaged`` with the
+reason, never left out, and never stops the others; what was skipped (metrics lines that are not rows, rows without
+a metric) is printed under its row as a warning.
+
+Command-line errors (no such folder, a picture that cannot be written there) are one line on stderr and exit code 2.
 """
 
-import argparse
 import json
 import sys
 import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
+from machina.errors import ConfigError
+from machina.plot import Parser, check_folders, plt, save_figure
 from machina.run_folders import RunRecord, find_run_dirs, is_training_run, read_run
 
 COLUMNS = (
@@ -43,20 +49,24 @@ ALIGN = "<<<>>>>>>><<"
 
 
 def shared_overrides(runs: list[RunRecord]) -> list[str]:
-    """Overrides every run has, in the first run's order: printed once, not in every row."""
-    if len(runs) < 2:
+    """Overrides every run has, in the first run's order: printed once, not in every row. Runs whose overrides
+    could not be read (damaged) do not count."""
+    known = [run.overrides for run in runs if run.overrides is not None]
+    if len(known) < 2:
         return []
-    common = set.intersection(*(set(run.overrides) for run in runs))
-    return [o for o in runs[0].overrides if o in common]
+    common = set.intersection(*map(set, known))
+    return [o for o in known[0] if o in common]
 
 
 def changes(run: RunRecord, shared: list[str]) -> str:
+    if run.overrides is None:
+        return "?"
     return " ".join(o for o in run.overrides if o not in shared) or "(defaults)"
 
 
 def table(runs: list[RunRecord], folders: dict[Path, str] | None = None) -> str:
-    """A plain-text table, one row per run; an error line under each failed or incomplete run. ``folders`` maps a
-    run's path to the name shown in the folder column (default: the path)."""
+    """A plain-text table, one row per run; an error line under each failed, incomplete or damaged run, then its
+    warnings. ``folders`` maps a run's path to the name shown in the folder column (default: the path)."""
     shared = shared_overrides(runs)
     rows = [
         (
@@ -86,17 +96,14 @@ def table(runs: list[RunRecord], folders: dict[Path, str] | None = None) -> str:
         lines.append(line(row))
         if run.error:
             lines.append(f"    {run.status}: {run.error}")
+        lines += [f"    warning: {warning}" for warning in run.warnings]
     return "\n".join(lines)
 
 
 def plot(runs: list[RunRecord], out: Path, folders: dict[Path, str] | None = None) -> Path:
     """SPS and mean return against agent steps, one line per run that logged at least one epoch, and a legend
-    beside them: each run's job (or folder) and what it changed, wrapped between overrides, never inside one."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-    import matplotlib.pyplot as plt
-
+    beside them: each run's job (or folder) and what it changed, wrapped between overrides, never inside one.
+    ConfigError naming the path when it cannot be written (``save_figure``)."""
     shared = shared_overrides(runs)
     fig, (ax_sps, ax_ret, ax_legend) = plt.subplots(
         1, 3, figsize=(10, 4), dpi=80, gridspec_kw={"width_ratios": [1, 1, 0.9]}
@@ -106,8 +113,8 @@ def plot(runs: list[RunRecord], out: Path, folders: dict[Path, str] | None = Non
             continue
         name = run.job if run.sweep else (folders or {}).get(run.path, run.path.name)
         label = legend_label(f"{name}: {changes(run, shared)}")
-        steps = [step for step, _, _ in run.curve]
-        ax_sps.plot(steps, [sps for _, sps, _ in run.curve], marker=".", label=label)
+        measured = [(step, sps) for step, sps, _ in run.curve if sps is not None]
+        ax_sps.plot([step for step, _ in measured], [sps for _, sps in measured], marker=".", label=label)
         # Only epochs in which an episode ended have a return; the line joins those.
         ended = [(step, r) for step, _, r in run.curve if r is not None]
         ax_ret.plot([step for step, _ in ended], [r for _, r in ended], marker=".")
@@ -119,10 +126,7 @@ def plot(runs: list[RunRecord], out: Path, folders: dict[Path, str] | None = Non
     if any(run.curve for run in runs):
         ax_legend.legend(*ax_sps.get_legend_handles_labels(), loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def legend_label(text: str, width: int = 40) -> str:
@@ -138,8 +142,8 @@ def number(value: float | None, digits: int = 0) -> str:
 
 def collect(directories: list[Path]) -> tuple[list[RunRecord], dict[Path, str], int]:
     """Every training run under the given folders, each once, in the order of the arguments, then job order (the
-    rule is in the module docstring); the name of each run's folder relative to its argument; how many Hydra
-    folders were left out."""
+    rule is in the module docstring; a damaged run is always listed); the name of each run's folder relative to its
+    argument; how many Hydra folders were left out."""
     seen, runs, folders, skipped = set(), [], {}, 0
     for directory in directories:
         for run_dir in find_run_dirs(directory):
@@ -148,7 +152,7 @@ def collect(directories: list[Path]) -> tuple[list[RunRecord], dict[Path, str], 
             seen.add(run_dir.resolve())
             run = read_run(run_dir) if is_training_run(run_dir) else None
             named = run_dir.resolve() == Path(directory).resolve()
-            if run is None or not (run.sweep or run.epochs or named):
+            if run is None or not (run.sweep or run.epochs or named or run.status == "damaged"):
                 skipped += 1
                 continue
             runs.append(run)
@@ -168,25 +172,32 @@ def folder_name(run: RunRecord, directory: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m machina.compare", description=__doc__.split("\n\n")[0])
+    """The command line; returns the exit code: 0, or 2 with one line on stderr for a command-line error (no such
+    folder, no training run in it, a picture that cannot be written)."""
+    parser = Parser(prog="python -m machina.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run folders, sweep folders, or folders above them")
     parser.add_argument("--out", type=Path, help="PNG to write (default: <first dir>/compare.png)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run instead of the table")
     args = parser.parse_args(argv)
+    check_folders(parser, args.dirs)
 
     runs, folders, skipped = collect(args.dirs)
-    if skipped:
-        print(
-            f"left out {skipped} folder(s) that are not training runs (eval.py output) or stopped before their "
-            "first epoch (start-up errors); name a folder to see it",
-            file=sys.stderr,
-        )
+    if runs:
+        try:
+            out = plot(runs, args.out or args.dirs[0] / "compare.png", folders)
+        except ConfigError as err:  # only this line on stderr: the command did nothing
+            print(f"{parser.prog}: error: {err}", file=sys.stderr)
+            return 2
+    left_out = (
+        f"left out {skipped} folder(s) that are not training runs (eval.py output) or stopped before their first "
+        "epoch (start-up errors); name a folder to see it"
+    )
     if not runs:
-        print(
-            f"no training runs (folders with a .hydra/ inside) under {' '.join(map(str, args.dirs))}", file=sys.stderr
-        )
-        return 1
-    out = plot(runs, args.out or args.dirs[0] / "compare.png", folders)
+        where = " ".join(map(str, args.dirs))
+        print(f"{parser.prog}: error: no training runs (folders with a .hydra/ inside) under {where}", file=sys.stderr)
+        return 2
+    if skipped:
+        print(left_out, file=sys.stderr)
     if args.json:
         for run in runs:
             row = {k: v for k, v in asdict(run).items() if k != "curve"}

@@ -10,7 +10,7 @@ no-op. Launching, and which settings are per rank: docs/distributed.md.
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from machina.errors import TrainingStopped
+from machina.errors import ConfigError, TrainingStopped
 from machina.system import resolve_device
 
 # Seconds a rank waits for its peers in init or in a collective before failing: the guard against a peer that hangs.
@@ -139,6 +139,29 @@ def from_main(obj: Any) -> Any:
     box = [obj if rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def decided_by_main(decide: Callable[[], Any]) -> Any:
+    """``decide()`` on rank 0 and its result on every rank; a ConfigError it raises is raised on every rank, with
+    the same message. A refusal only rank 0 can see (the run folder's lock is held, a resume is refused) then stops
+    every rank with that one line, instead of rank 0 exiting while the others wait for it in a collective (which they
+    would report as a lost connection)."""
+    if not dist.is_initialized():
+        return decide()
+    box: list[Any] = [None]
+    if rank() == 0:
+        try:
+            box = [("decided", decide())]
+        except ConfigError as err:
+            box = [("refused", str(err))]
+    dist.broadcast_object_list(box, src=0)
+    outcome, value = box[0]
+    if outcome == "refused":
+        # Every rank stops here: leave the group together, so no rank sees its peer vanish mid-collective.
+        dist.barrier()
+        dist.destroy_process_group()
+        raise ConfigError(value)
+    return value
 
 
 def gather_to_main(obj: Any) -> list[Any] | None:

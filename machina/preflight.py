@@ -26,9 +26,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from machina.errors import ConfigError
 from machina.resolvers import register
+from machina.run_record import note_missing_folders
 
 # Keys that moved (old spelling -> new), so the command lines users type keep working; each use prints a note.
 RENAMED = {
@@ -65,33 +67,34 @@ def renamed(argv: list[str]) -> list[str]:
     return out
 
 
-def check_or_exit(argv: list[str], config_dir: Path, config_name: str = "config") -> None:
-    """``check`` the command line ``argv`` (without the program); on a ConfigError print it and exit with 2."""
+def check_or_exit(argv: list[str], config_dir: Path, config_name: str = "config") -> list[str]:
+    """``check`` the command line ``argv`` (without the program) and return it as Hydra should get it; on a
+    ConfigError print it and exit with 2."""
     try:
-        check(argv, config_dir, config_name)
+        return check(argv, config_dir, config_name)
     except ConfigError as err:
         print(f"ConfigError: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def check(argv: list[str], config_dir: Path, config_name: str = "config") -> None:
-    """Raise ConfigError for an unknown group option, an unknown key or an unwritable run folder in ``argv``.
+def check(argv: list[str], config_dir: Path, config_name: str = "config") -> list[str]:
+    """Raise ConfigError for an unknown group option, an unknown key or an unwritable run folder in ``argv``; return
+    ``argv`` with a single run's folder pinned (``pin_run_folder``).
 
     Command lines that only ask Hydra for help, or that name another config (``-cn``, ``-cp``, ``-cd``), and
     overrides Hydra cannot parse are left to Hydra, which reports them before it creates anything.
     """
     args, _ = get_args_parser().parse_known_args(argv)
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun:
-        return
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun or args.cfg:
+        return argv
     if args.config_name or args.config_path or args.config_dir:
-        return
+        return argv
     try:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except HydraException:
-        return
-    check_run_folder(overrides, args.multirun)
+        return argv
     if any(o.is_sweep_override() for o in overrides) and not args.multirun:
-        return  # Hydra explains that a sweep needs --multirun
+        return argv  # Hydra explains that a sweep needs --multirun
     register()
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3", job_name="preflight"):
         loader = GlobalHydra.instance().config_loader()
@@ -101,6 +104,41 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> Non
         keys = [o for o in overrides if not (is_group(loader, o) or hydra_key(o))]
         if any(o.type == OverrideType.CHANGE for o in keys):
             check_keys(keys, [o for o in groups if not hydra_key(o)], config_name)
+        if args.multirun:
+            check_run_folder(folder_given(overrides, "hydra.sweep.dir") or Path("outputs"), "hydra.sweep.dir")
+            return argv
+        return pin_run_folder(argv, overrides, config_name)
+
+
+def pin_run_folder(argv: list[str], overrides: list[Override], config_name: str) -> list[str]:
+    """Resolve a single run's folder once, check it, and remember which of its folders do not exist yet
+    (``machina.run_record`` removes them again if the command is refused). A folder with an interpolation (the
+    default ``outputs/${now:...}``) is passed to Hydra resolved (``hydra.run.dir=<folder>``), so the folder checked
+    here is the one Hydra makes, not one a second later."""
+    given = folder_given(overrides, "hydra.run.dir")
+    folder = given
+    if folder is None or "${" in str(folder):
+        try:
+            lines = [o.input_line for o in overrides]
+            cfg = compose(config_name=config_name, overrides=lines, return_hydra_config=True)
+            folder = Path(str(cfg.hydra.run.dir))
+        except (HydraException, OmegaConfBaseException):
+            return argv  # Hydra will report why the config does not compose
+        argv = [a for a in argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={quoted(str(folder))}"]
+    check_run_folder(folder, "hydra.run.dir")
+    note_missing_folders(folder)
+    return argv
+
+
+def folder_given(overrides: list[Override], key: str) -> Path | None:
+    given = [o.value() for o in overrides if o.key_or_group == key and not o.is_sweep_override()]
+    return Path(str(given[-1])) if given else None
+
+
+def quoted(value: str) -> str:
+    """``value`` as one quoted Hydra override value (a folder may hold characters Hydra's grammar reads: ``=``,
+    ``,``, spaces, brackets)."""
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def is_group(loader, override: Override) -> bool:
@@ -205,7 +243,8 @@ def unknown_key(key: str, override: str, paths: set[str]) -> str:
         while parent and parent not in paths:
             parent = parent.rpartition(".")[0]
         hint = f"; keys {'under ' + parent if parent else 'at the top'}: {', '.join(children(parent, paths))}"
-    return f"{override}: no key '{key}' in the config{hint} ('python train.py --cfg job' prints them all)"
+    program = Path(sys.argv[0]).name if sys.argv[0].endswith(".py") else "train.py"
+    return f"{override}: no key '{key}' in the config{hint} ('python {program} --cfg job' prints them all)"
 
 
 def did_you_mean(match: str) -> str:
@@ -228,17 +267,11 @@ def closest(name: str, options: list[str], cutoff: float = 0.6, prefix: str = ""
     return prefix + match[0]
 
 
-def check_run_folder(overrides: list[Override], multirun: bool) -> None:
-    """The run (or sweep) folder, or the folder it will be made in, must be a writable directory.
-
-    Only a folder given on the command line without interpolations is checked; Hydra's default (``outputs/...``,
-    see conf/config.yaml) is checked at its fixed part, ``outputs``.
-    """
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    given = [o.value() for o in overrides if o.key_or_group == key and not o.is_sweep_override()]
-    folder = Path(str(given[-1])) if given else Path("outputs")
+def check_run_folder(folder: Path, key: str) -> None:
+    """The run (or sweep) folder, or the folder it will be made in, must be a writable directory. A folder with an
+    interpolation left (a sweep folder's ``${now:...}``) is checked at its fixed part."""
     if "${" in str(folder):
-        return
+        folder = Path(str(folder).split("${", 1)[0] or ".")
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

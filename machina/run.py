@@ -1,39 +1,43 @@
-"""Train an experiment: build its parts (``machina.build``), accept the checkpoint it resumes from (if any), then set
-up the run folder, sinks and checkpoints, and run the trainer. Library code receives objects, never a DictConfig.
+"""Train an experiment: check its settings, decide where it continues from, build its parts (``machina.build``),
+accept the checkpoint it resumes from (if any), and only then write the run folder, the sinks and checkpoints, and
+run the trainer. Library code receives objects, never a DictConfig.
 
-The run folder is safe to reuse. A run holds its lock (``machina.run_lock``) for as long as it runs, so a second run
-on the same folder stops at start-up. Nothing in the folder changes until a resume has been accepted: the checkpoint
-is read (checksum verified, its policy only allow-listed plain data), checked against this run, and restored into the
-built trainer; only then are resolved_config.yaml and metrics.jsonl rewritten and the sinks opened. Two things happen
-before machina runs and are not covered: Hydra writes ``.hydra/`` and appends to the folder's log, and the lock file
-``.machina.lock`` is created (with the run folder, when it does not exist yet).
+Every check comes before any write, so a refused command leaves the disk as it was: the settings (``validation``),
+the folder's lock (``machina.run_lock``), where the run continues from (``machina.history``), the checkpoint (its
+checksum, its structure, and the policy it holds: allow-listed plain data), the parts (each constructor checks its
+own values, and a part too large for memory is refused), and the restore of the checkpoint into the built trainer.
+Then the command is accepted: Hydra's record (``.hydra/``) and the log are written (``machina.run_record``), a
+rewound future is moved aside (``history.rewind``), and resolved_config.yaml, metrics.jsonl, W&B and the
+checkpoints follow.
 
-Under torchrun every rank runs this; rank 0 chooses the run folder and the checkpoint to resume from and every rank
-uses its choice; rank 0 alone holds the lock and writes the run folder, metrics.jsonl, W&B and checkpoints
-(docs/distributed.md).
+Under torchrun every rank runs this; rank 0 chooses the run folder, takes the lock and decides the checkpoint to
+resume from, and every rank uses its decision (or stops with its refusal); rank 0 alone writes the run folder,
+metrics.jsonl, W&B and checkpoints (docs/distributed.md).
 """
 
 import logging
 import math
 import secrets
-from contextlib import nullcontext
+import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from machina import distributed
+from machina import distributed, history, run_record
 from machina.build import build, build_trainer
+from machina.cli import new_folder_command
 from machina.env.factory import env_factory
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
 from machina.run_lock import RunLock
-from machina.training.checkpoint import Checkpointer, check_same_run, find_checkpoint, load_checkpoint
+from machina.training.checkpoint import Checkpointer, load_checkpoint
 from machina.training.epoch_metrics import summarize
 from machina.training.periodic_eval import PeriodicEval
-from machina.validation import check_ranges, check_types
+from machina.validation import check_run
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +45,30 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     """Train the experiment ``cfg`` describes; return the summary metric ``cfg.objective`` (a sweeper's objective).
 
-    Resumes from ``cfg.resume`` (a checkpoint file or run folder) or, when that is null, from the latest checkpoint
-    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it. A ``resume`` from
-    another folder is refused when ``run_dir`` already holds a run's history.
+    Continues from ``cfg.resume`` (a checkpoint file or run folder) or, when that is null, from the latest checkpoint
+    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it (``machina.history``
+    decides, and refuses what would lose or mix a run's history).
     """
     # Under torchrun rank 0 decides the folder: with the default timestamped folder, ranks that started in different
-    # seconds would each resolve their own (the others keep only Hydra's log there).
+    # seconds would each resolve their own (Hydra made one for each; the others' are removed again).
     run_dir = Path(distributed.from_main(str(run_dir or HydraConfig.get().runtime.output_dir)))
+    run_record.discard_unused(run_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    check_types(resolved)
-    check_ranges(resolved)
+    check_run(resolved)
     main = distributed.rank() == 0
-    with RunLock(run_dir) if main else nullcontext():
-        return run_locked(cfg, resolved, run_dir, main)
+    with ExitStack() as held:
+
+        def start() -> Path | None:  # rank 0: hold the folder, then decide where the run continues from
+            held.enter_context(RunLock(run_dir))
+            return history.decide(cfg.get("resume"), run_dir, new_folder_command(sys.argv, run_dir))
+
+        resume_from = distributed.decided_by_main(start)
+        return run_locked(cfg, resolved, run_dir, main, resume_from)
 
 
-def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> float:
+def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resume_from: Path | None) -> float:
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
-    resume_from = distributed.from_main(find_checkpoint(cfg.get("resume"), run_dir) if main else None)
     checkpoint = load_checkpoint(resume_from) if resume_from else None
-    if checkpoint and main and cfg.get("resume") is not None:
-        check_same_run(resume_from, run_dir)
     parts = build(cfg, distributed.rank())
     env, policy = parts.env, parts.policy
     # A resume logs into the checkpoint's W&B run; a new run gets its id here, so its first checkpoint records it.
@@ -73,14 +80,18 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool) -> fl
     wandb = None
     if checkpoint:
         checkpointer.restore(trainer, checkpoint, resume_from)
-        log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
     if main:  # accepted: from here on the run folder changes
+        run_record.accept(trainer.epoch if checkpoint else None)
+        if checkpoint:
+            log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
+            history.rewind(run_dir, trainer.epoch)
+            checkpointer.latest = resume_from if resume_from.exists() else None
         checkpointer.prepare()
         prepare_run_dir(run_dir, resolved)
         wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg))
         trainer.sinks = [
             ConsoleSink(cfg.trainer.total_timesteps),
-            JsonlSink(run_dir / "metrics.jsonl", trainer.epoch),
+            JsonlSink(run_dir / "metrics.jsonl"),
             wandb,
         ]
         if evaluator is not None:

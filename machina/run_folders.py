@@ -3,13 +3,16 @@
 A Hydra folder is any folder with a ``.hydra/`` inside: a single run (``outputs/DATE/TIME``), one job of a sweep
 (``outputs/multirun/SWEEP/N_OVERRIDES``), or another program's output (``eval.py``'s ``outputs/eval/...``). It is a
 training run when its ``.hydra/config.yaml`` has a ``trainer`` node. Everything comes from files the run writes as
-it goes: ``metrics.jsonl`` (one row per finished epoch), ``.hydra/overrides.yaml``, ``.hydra/hydra.yaml`` (job
-number, single run or sweep), ``resolved_config.yaml`` (written once the objects are built; a job that failed
-earlier only has ``.hydra/config.yaml``) and the log, ``train.log`` (its first line dates the start).
+it goes: ``metrics.jsonl`` (one row per finished epoch, read by ``machina.metrics_file``), ``.hydra/overrides.yaml``
+(a list), ``.hydra/hydra.yaml`` (job number, single run or sweep), ``resolved_config.yaml`` (written once the objects
+are built; a job that failed earlier only has ``.hydra/config.yaml``) and the log, ``train.log`` (its first line
+dates the start).
+
+Nothing in a folder is trusted: a file that cannot be read, is not YAML or holds the wrong kind of document counts as
+absent, and the run is ``damaged`` with the reason; a metrics line that is not a row, or a row without a metric, is
+left out with a warning. One damaged folder never stops the others from being read.
 """
 
-import json
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,11 +20,19 @@ from pathlib import Path
 
 import yaml
 
+from machina.errors import ConfigError
+from machina.metrics_file import number, read_file, read_rows, shorten
+
 # Hydra's job log format: "[time][logger][LEVEL] - message".
 ERROR_LINE = re.compile(r"\]\[(?:ERROR|CRITICAL)\] - (.*)")
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # machina.cli logs a stop by a signal as "Interrupted: ...": the run can be resumed, it did not fail.
 INTERRUPTED = "Interrupted:"
+CONFIG = ".hydra/config.yaml"
+HYDRA = ".hydra/hydra.yaml"
+OVERRIDES = ".hydra/overrides.yaml"
+RESOLVED = "resolved_config.yaml"
+STEP, SPS, REWARD, EPOCH_TIME = "metric/agent_step", "overview/sps", "overview/reward", "timing/epoch"
 
 
 @dataclass
@@ -29,14 +40,17 @@ class RunRecord:
     """One run as the comparison sees it.
 
     ``status``: ok (reached its agent steps), incomplete (stopped early by a signal or with no error logged: it can
-    be resumed) or failed (stopped early with an error). ``job`` is the sweep job's number, "-" for a single run.
-    ``sps_mean`` is agent steps / ``wall_time``, the sum of the epochs' wall times (start-up and periodic
-    evaluation are not in it): the run's throughput, as ``summary/sps_mean`` in W&B.
+    be resumed), failed (stopped early with an error) or damaged (a file of its folder could not be read: ``error``
+    says which and why; the numbers come from what could be read). ``job`` is the sweep job's number, "-" for a
+    single run. ``overrides`` is None when ``.hydra/overrides.yaml`` is damaged. ``sps_mean`` is agent steps /
+    ``wall_time``, the sum of the epochs' wall times (start-up and periodic evaluation are not in it): the run's
+    throughput, as ``summary/sps_mean`` in W&B. ``warnings``: what was left out (damaged files after the first,
+    skipped metrics lines, rows without a metric).
     """
 
     path: Path
     job: str
-    overrides: list[str]
+    overrides: list[str] | None
     status: str
     sweep: bool = False
     started: datetime | None = None
@@ -49,8 +63,9 @@ class RunRecord:
     best_return: float | None = None
     wall_time: float = 0.0
     error: str | None = None
-    # Per epoch: (agent step, SPS, mean return or None when no episode ended that epoch), for the plot.
-    curve: list[tuple[int, float, float | None]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # Per epoch with an agent step: (agent step, SPS or None, mean return or None when no episode ended), for the plot.
+    curve: list[tuple[int, float | None, float | None]] = field(default_factory=list)
 
 
 def find_run_dirs(directory: Path) -> list[Path]:
@@ -63,48 +78,48 @@ def find_run_dirs(directory: Path) -> list[Path]:
 
 
 def is_training_run(path: Path) -> bool:
-    """Whether a Hydra folder was made by train.py: its composed config has a ``trainer`` node."""
-    return "trainer" in (_load_yaml(Path(path) / ".hydra" / "config.yaml") or {})
+    """Whether a Hydra folder was made by train.py: its composed config has a ``trainer`` node, or it holds what only
+    training writes (metrics.jsonl, checkpoints/). A folder whose config cannot be read counts as one, so that it is
+    listed as damaged rather than left out."""
+    path = Path(path)
+    config = read_yaml(path, CONFIG, {}, [])
+    trained = (path / "metrics.jsonl").exists() or (path / "checkpoints").exists()
+    return config is None or "trainer" in config or trained
 
 
 def read_run(path: Path) -> RunRecord:
-    """Summarise one run folder; a folder with no metrics or too few epochs is reported, never skipped."""
+    """Summarise one run folder; one with no metrics, too few epochs or damaged files is reported, never skipped."""
     path = Path(path)
-    hydra_dir = path / ".hydra"
-    overrides = _load_yaml(hydra_dir / "overrides.yaml") or []
-    hydra = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra") or {}
-    job = hydra.get("job") or {}
+    damage: list[str] = []
+    overrides = read_yaml(path, OVERRIDES, [], damage)
+    hydra = mapping(mapping(read_yaml(path, HYDRA, {}, damage)).get("hydra"))
+    job = mapping(hydra.get("job"))
     sweep = hydra.get("mode") == "MULTIRUN" or isinstance(job.get("num"), int)
-    config = _load_yaml(path / "resolved_config.yaml") or _load_yaml(hydra_dir / "config.yaml") or {}
-    expected = (config.get("trainer") or {}).get("total_timesteps")
-    rows = _read_metrics(path / "metrics.jsonl")
+    config = read_yaml(path, RESOLVED, {}, damage) or read_yaml(path, CONFIG, {}, damage) or {}
+    expected = mapping(config.get("trainer")).get("total_timesteps")
+    rows, warnings = read_metrics(path, damage)
+    log_text = read_log(path, damage)
     record = RunRecord(
         path=path,
         job=str(job["num"]) if sweep and job.get("num") is not None else "-",
-        overrides=[str(o) for o in overrides],
+        overrides=None if overrides is None else [str(o) for o in overrides],
         status="ok",
         sweep=sweep,
-        started=started(path),
-        expected_steps=expected if isinstance(expected, int) else None,
+        started=started(path, log_text),
+        expected_steps=expected if isinstance(expected, int) and not isinstance(expected, bool) else None,
+        warnings=warnings,
     )
-    if rows:
-        sps = [row["overview/sps"] for row in rows]
-        rewards = [_finite(row.get("overview/reward")) for row in rows]
-        ended = [r for r in rewards if r is not None]
-        record.epochs = len(rows)
-        record.agent_steps = int(rows[-1]["metric/agent_step"])
-        # The sum of whole-epoch times: the training wall time, without start-up (imports, env and W&B init).
-        record.wall_time = sum(row.get("timing/epoch") or 0.0 for row in rows)
-        record.sps_mean = record.agent_steps / record.wall_time if record.wall_time > 0 else None
-        record.sps_max = max(sps)
-        record.final_return = ended[-1] if ended else None
-        record.best_return = max(ended) if ended else None
-        record.curve = [
-            (int(row["metric/agent_step"]), row["overview/sps"], r) for row, r in zip(rows, rewards, strict=True)
-        ]
+    summarize_rows(record, rows)
+    if damage:
+        # Without a file the status cannot be told (no expected steps, no rows): the first damage is the error, the
+        # rest and the log's last error are warnings.
+        log_error = last_error(log_text)
+        record.status, record.error = "damaged", damage[0]
+        record.warnings = damage[1:] + ([f"train.log: {log_error}"] if log_error else []) + record.warnings
+        return record
     short = record.expected_steps is not None and record.agent_steps < record.expected_steps
     if not rows or short:
-        record.error = last_error(path / "train.log")
+        record.error = last_error(log_text)
         interrupted = record.error is not None and record.error.startswith(INTERRUPTED)
         record.status = "incomplete" if interrupted or (rows and record.error is None) else "failed"
         if not rows and record.error is None:
@@ -113,44 +128,112 @@ def read_run(path: Path) -> RunRecord:
     return record
 
 
-def started(path: Path) -> datetime | None:
+def summarize_rows(record: RunRecord, rows: list[dict]) -> None:
+    """Fill ``record``'s epochs, steps, SPS, returns, wall time and curve from the metrics rows; a row without a
+    metric (or with something else than a number there) is left out of what needs that metric, with a warning."""
+    steps = [number(row, STEP) for row in rows]
+    sps = [number(row, SPS) for row in rows]
+    times = [number(row, EPOCH_TIME) for row in rows]
+    rewards = [number(row, REWARD) for row in rows]  # None is common: no episode ended that epoch
+    for key, values in ((STEP, steps), (SPS, sps), (EPOCH_TIME, times)):
+        if None in values:
+            record.warnings.append(f"metrics.jsonl: {values.count(None)} of {len(rows)} rows without {key}")
+    known_steps = [step for step in steps if step is not None]
+    ended = [r for r in rewards if r is not None]
+    record.epochs = len(rows)
+    record.agent_steps = int(known_steps[-1]) if known_steps else 0
+    # The sum of whole-epoch times: the training wall time, without start-up (imports, env and W&B init).
+    record.wall_time = sum(t for t in times if t is not None)
+    record.sps_mean = record.agent_steps / record.wall_time if record.wall_time > 0 else None
+    record.sps_max = max((s for s in sps if s is not None), default=None)
+    record.final_return = ended[-1] if ended else None
+    record.best_return = max(ended) if ended else None
+    record.curve = [(int(step), s, r) for step, s, r in zip(steps, sps, rewards, strict=True) if step is not None]
+
+
+def read_metrics(path: Path, damage: list[str]) -> tuple[list[dict], list[str]]:
+    """The run's metrics rows and the warnings about skipped lines (the first few, then a count); a metrics.jsonl
+    that cannot be read is damage."""
+    try:
+        rows, skipped = read_rows(path / "metrics.jsonl")
+    except ConfigError as err:
+        damage.append(str(err))
+        return [], []
+    return rows, shorten(skipped)
+
+
+def read_log(path: Path, damage: list[str]) -> str:
+    """The text of the run's ``train.log`` (invalid UTF-8 replaced); "" when there is none."""
+    try:
+        data = read_file(path / "train.log")
+    except ConfigError as err:
+        damage.append(str(err))
+        return ""
+    return "" if data is None else data.decode("utf-8", errors="replace")
+
+
+def started(path: Path, log_text: str) -> datetime | None:
     """When the run started: the time on the first line of its log, else when Hydra wrote its config."""
-    log_path, config = path / "train.log", path / ".hydra" / "config.yaml"
-    if log_path.is_file():
-        with log_path.open(encoding="utf-8", errors="replace") as log:
-            match = LOG_TIME.match(log.readline())
-        if match:
-            return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
-    return datetime.fromtimestamp(config.stat().st_mtime).replace(microsecond=0) if config.is_file() else None
+    match = LOG_TIME.match(log_text)
+    try:
+        return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S") if match else config_time(path)
+    except ValueError:  # a damaged first line with an impossible date
+        return config_time(path)
 
 
-def last_error(log_path: Path) -> str | None:
-    """The last ERROR/CRITICAL message in a Hydra job log, or None."""
-    if not log_path.is_file():
+def config_time(path: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp((path / CONFIG).stat().st_mtime).replace(microsecond=0)
+    except OSError:
         return None
-    messages = ERROR_LINE.findall(log_path.read_text(encoding="utf-8", errors="replace"))
+
+
+def last_error(log_text: str) -> str | None:
+    """The last ERROR/CRITICAL message in a Hydra job log, or None."""
+    messages = ERROR_LINE.findall(log_text)
     return messages[-1].strip() if messages else None
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a run killed mid-write leaves a torn last line; the rows before it are whole
-    return rows
+def read_yaml(path: Path, name: str, default: dict | list, damage: list[str]) -> dict | list | None:
+    """The document of ``path/name`` when it is of ``default``'s type (a mapping; overrides.yaml: a list);
+    ``default`` when the file is absent; None, with a line in ``damage`` naming the file, when it cannot be read, is
+    not YAML or holds something else. safe_load reads Hydra's files as plain YAML: interpolations stay strings, no
+    resolver is needed, and no tag in a hostile file builds an object."""
+    try:
+        data = read_file(path / name)
+    except ConfigError as err:
+        damage.append(str(err))
+        return None
+    if data is None:
+        return default
+    try:
+        document = yaml.safe_load(data)
+    except (yaml.YAMLError, ValueError, RecursionError) as err:  # ValueError: e.g. an impossible date
+        damage.append(f"{name}: not YAML ({yaml_problem(err)})")
+        return None
+    if not isinstance(document, type(default)):
+        damage.append(f"{name}: holds {kind(document)}, not {kind(default)}")
+        return None
+    return document
 
 
-def _load_yaml(path: Path):
-    # safe_load reads Hydra's files as plain YAML: interpolations stay strings, no resolver is needed.
-    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+def kind(document) -> str:
+    """What a YAML document is, in words."""
+    if document is None:
+        return "nothing (an empty file)"
+    return {dict: "a mapping", list: "a list"}.get(type(document), f"a {type(document).__name__}")
 
 
-def _finite(value) -> float | None:
-    return value if isinstance(value, int | float) and math.isfinite(value) else None
+def yaml_problem(err: Exception) -> str:
+    """The short reason of a YAML error, with its line when known."""
+    problem = getattr(err, "problem", None) or str(err).split("\n")[0] or type(err).__name__
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}" if mark else problem
+
+
+def mapping(value) -> dict:
+    """``value`` when it is a mapping, else {} (a damaged node reads as absent)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _natural_key(path: Path) -> list:

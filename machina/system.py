@@ -48,8 +48,9 @@ class System:
         cuda_graphs: bool = False,
         rank: int = 0,
     ):
-        if not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"system.seed must be a non-negative integer, got {seed!r}")
+        # numpy's generator takes seeds below 2**32; the rank is added under torchrun.
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed + rank < 2**32:
+            raise ConfigError(f"system.seed must be an integer in 0 .. 2**32 - 1 - rank, got {seed!r}")
         if not isinstance(threads, int) or threads < 0:
             raise ConfigError(f"system.threads must be a non-negative integer (0 = torch default), got {threads!r}")
         self.seed = seed + rank
@@ -101,19 +102,20 @@ def compiler_present(device: torch.device) -> bool:
     return any(shutil.which(name) for name in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
 
 
-def resolve_device(name: str) -> torch.device:
-    """Turn ``system.device`` into a torch.device, with a clear error for unknown or absent devices."""
+def resolve_device(name: str, key: str = "system.device") -> torch.device:
+    """Turn a device setting (``key``: ``system.device``, or eval.py's ``device``) into a torch.device, with a clear
+    error, naming ``key``, for unknown or absent devices."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as err:
-        raise ConfigError(f"system.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from err
+        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from err
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"system.device={name!r} but CUDA is not available here; use system.device=cpu")
+            raise ConfigError(f"{key}={name!r} but CUDA is not available here; use {key}=cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"system.device={name!r} but only {torch.cuda.device_count()} CUDA devices exist")
+            raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA devices exist")
     elif device.type != "cpu":
-        raise ConfigError(f"system.device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"{key}={name!r} is not supported; use auto, cpu, cuda or cuda:N")
     return device

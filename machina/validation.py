@@ -9,6 +9,7 @@ from typing import Any
 from hydra.utils import get_object
 
 from machina.errors import ConfigError
+from machina.training.epoch_metrics import summarize
 
 SIMPLE_TYPES = (bool, int, float, str, type(None))
 
@@ -76,3 +77,28 @@ def check_ranges(resolved: dict[str, Any]) -> None:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, int | float) and not isinstance(node, bool) and not (math.isfinite(node) and node >= 0):
             raise ConfigError(f"{key}={node!r} must be a finite number >= 0; fix the value of {key}")
+
+
+def check_run(resolved: dict[str, Any]) -> None:
+    """Every start-up check of a training config that needs no part built: types, ranges, the objective's name and
+    the periodic evaluation's settings (``trainer.evaluation``, read by ``machina.run``, not by a constructor)."""
+    check_types(resolved)
+    check_ranges(resolved)
+    objectives = sorted(summarize([]))
+    if resolved.get("objective") not in objectives:
+        raise ConfigError(
+            f"objective={resolved.get('objective')!r} is not a summary metric a run returns; choose one of "
+            f"{', '.join(objectives)}"
+        )
+    evaluation = resolved.get("trainer", {}).get("evaluation")
+    if not isinstance(evaluation, dict):
+        raise ConfigError(f"trainer.evaluation must be a mapping of episodes, greedy, seed_offset; got {evaluation!r}")
+    for key, kind, low in (("episodes", int, 1), ("greedy", bool, None), ("seed_offset", int, 0)):
+        value = evaluation.get(key)
+        plain = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not plain or (low is not None and value < low):
+            wanted = "true or false" if kind is bool else f"an integer >= {low}"
+            raise ConfigError(f"trainer.evaluation.{key}={value!r} must be {wanted}")
+    unknown = sorted(set(evaluation) - {"episodes", "greedy", "seed_offset"})
+    if unknown:
+        raise ConfigError(f"trainer.evaluation has unknown keys {unknown}; it takes episodes, greedy, seed_offset")

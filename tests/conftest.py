@@ -66,6 +66,34 @@ def run_train(args, cwd=ROOT, timeout=600, env_extra=None):
     )
 
 
+def interrupt_train(args, ready, cwd=ROOT, signals=1, inherit_ignored=False, timeout=300):
+    """Start ``python train.py ARGS``, wait until ``ready()`` is true, send it SIGINT ``signals`` times (0.3 s
+    apart), and return ``(exit code, output, the printed resume command or None)``. ``inherit_ignored`` starts it
+    with SIGINT ignored, as a background job of a non-interactive shell is."""
+    import re
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherit_ignored else None,
+    )
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None and time.time() < deadline, "the run ended or took too long before it was ready"
+        time.sleep(0.05)
+    for i in range(signals):
+        time.sleep(0.3 if i else 0)
+        proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=timeout)
+    command = re.search(r"to resume: (.*)", output)
+    return proc.returncode, output, command.group(1) if command else None
+
+
 class SlowTestLines:
     """A line when a test marked slow starts, and one with its outcome and duration when it ends: the slow tests
     (trainings in subprocesses, sweeps, torchrun) take minutes on a busy machine, in which the dots stand still."""

@@ -129,8 +129,7 @@ def test_a_stage_the_env_refuses_stops_the_run_before_it_writes_anything(tmp_pat
         result.stdout + result.stderr,
     )
     assert "Traceback" not in result.stderr
-    written = sorted(path.name for path in run_dir.iterdir())
-    assert not {"metrics.jsonl", "checkpoints", "resolved_config.yaml", "wandb"} & set(written), written
+    assert not run_dir.exists()  # a refused command leaves no folder behind
     env = Machina1Env(num_envs=2)
     Curriculum([{"until": 100, "env": {"region_size": 7}}], env)
     assert env.settings() == {"region_size": None}  # checking the stages leaves the env's own settings

@@ -18,6 +18,7 @@ from machina.build import build, build_trainer
 from machina.errors import TrainingStopped
 from machina.losses.base import Loss
 from machina.policy.io import load_policy
+from machina.run_lock import RunLock
 from machina.training.checkpoint import load_checkpoint
 from tests.conftest import ROOT, compose_config
 from tests.wandb_reader import find_runs, read_run
@@ -186,10 +187,31 @@ def test_ranks_that_resolve_different_run_folders_train_and_resume_in_rank_0s(tm
         "checkpoint_000001.pt",
         "checkpoint_000002.pt",
     ]
-    assert not (other / "metrics.jsonl").exists() and not (other / "checkpoints").exists()
+    assert not other.exists()  # Hydra made it for rank 1; rank 1 ran in rank 0's and removed it again
 
     resumed = torchrun(folder, f"trainer.total_timesteps={3 * 2 * PER_RANK}", "wandb=disabled", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = [json.loads(line) for line in (main / "metrics.jsonl").read_text().splitlines()]
     assert [r["metric/epoch"] for r in rows] == [1, 2, 3]
     assert "resumed from" in (main / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_refusal_only_rank_0_sees_stops_every_rank_with_its_one_line(tmp_path):
+    """Rank 0 alone takes the run folder's lock: while another process holds it, every rank stops with rank 0's
+    one-line refusal (exit 2), none with a lost connection or a traceback, and the folder is left as it was."""
+    run_dir = tmp_path / "run"
+    with RunLock(run_dir):
+        before = sorted(run_dir.iterdir())
+        result = torchrun(run_dir, f"trainer.total_timesteps={2 * PER_RANK}", "wandb=disabled", timeout=300)
+        assert sorted(run_dir.iterdir()) == before
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    refusals = [line for line in output.splitlines() if "ConfigError: the run folder" in line]
+    assert len(refusals) == 2 and all("is in use by PID" in line for line in refusals), output[-3000:]
+    assert "Connection closed by peer" not in output, output[-3000:]
+    # torchrun's launcher prints its own report of the failed ranks (a traceback of torch/distributed/run.py, and
+    # SIGTERM for a rank still exiting when the first was done): no frame of machina's, and the first rank to stop
+    # exited with 2, the exit code of a refusal.
+    assert not re.search(r'File ".*(/machina/|train\.py)', output), output[-3000:]
+    assert "exitcode  : 2 " in output.split("Root Cause")[1], output[-3000:]

@@ -10,6 +10,7 @@ from PIL import Image
 
 from machina.env.render import FLOOR, OBJECT_COLOURS
 from machina.plot import curve, main
+from tests.test_compare import assert_one_line_error, hashes, run_cli
 
 
 def test_plot_writes_a_png_from_metrics_jsonl(tmp_path, capsys):
@@ -67,9 +68,73 @@ def test_returns_take_a_metric_minutes_and_reference_lines(tmp_path, capsys):
         main([*args, "--line", "teacher=lots"])
 
 
-def test_plot_names_a_folder_without_metrics(tmp_path):
-    with pytest.raises(SystemExit, match="no metrics.jsonl"):
-        main([str(tmp_path)])
+def test_plot_names_a_folder_without_metrics(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"python -m machina.plot: error: no metrics.jsonl in {str(tmp_path)!r}: pass a run folder written by train.py\n"
+    )
+
+
+def damaged_metrics(run):
+    """A metrics.jsonl as a kill, a disk or a careless edit leaves it: every kind of bad line between good rows."""
+    run.mkdir(parents=True)
+    rows = [{"metric/agent_step": 512 * (i + 1), "overview/sps": 900.0, "overview/reward": float(i)} for i in range(4)]
+    del rows[1]["overview/sps"], rows[2]["metric/agent_step"]
+    rows[3]["overview/reward"] = "high"
+    good = [json.dumps(r).encode() + b"\n" for r in rows]
+    text = good[0] + b"[1, 2]\n" + b"\xff\xfe\n" + good[1] + b"7\n" + good[2] + good[3] + b'{"metric/agent_st'
+    (run / "metrics.jsonl").write_bytes(text)
+    return run
+
+
+def test_plot_draws_what_a_damaged_metrics_file_holds_and_warns_about_the_rest(tmp_path):
+    run = damaged_metrics(tmp_path / "run")
+    before = hashes(tmp_path)
+    result = run_cli("machina.plot", run)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.strip() == str(run / "plot.png")
+    assert result.stderr.splitlines() == [
+        f"{run}: metrics.jsonl line 2: not a JSON object",
+        f"{run}: metrics.jsonl line 3: invalid UTF-8",
+        f"{run}: metrics.jsonl line 5: not a JSON object",
+        f"{run}: metrics.jsonl line 8: torn (a partial last line: the run stopped while writing it)",
+    ]
+    with Image.open(run / "plot.png") as png:
+        assert png.format == "PNG"
+    assert hashes(tmp_path) == {**before, "run/plot.png": hashes(tmp_path)["run/plot.png"]}
+
+
+def test_plot_command_line_errors_are_one_line_exit_2_and_write_nothing(tmp_path):
+    run = damaged_metrics(tmp_path / "run")
+    (tmp_path / "dir_run" / "metrics.jsonl").mkdir(parents=True)
+    (run / "plot.png").mkdir()  # the default picture cannot be written there
+    before = hashes(tmp_path)
+    assert_one_line_error(run_cli("machina.plot", tmp_path / "missing"), "no such folder", "missing")
+    assert_one_line_error(run_cli("machina.plot", tmp_path / "dir_run"), "dir_run/metrics.jsonl", "a directory")
+    assert_one_line_error(run_cli("machina.plot", run), f"cannot write {run / 'plot.png'}", "--out PATH")
+    assert_one_line_error(run_cli("machina.plot", run, "--out", run / "metrics.jsonl"), "metrics.jsonl", ".png")
+    assert_one_line_error(run_cli("machina.plot", run, "--returns", "--window", "0", "--out", tmp_path / "r.png"))
+    assert hashes(tmp_path) == before
+
+
+def test_returns_leave_out_a_damaged_run_and_draw_the_others(tmp_path, capsys):
+    damaged_metrics(tmp_path / "good")
+    (tmp_path / "broken" / "metrics.jsonl").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r.png"
+    runs = [tmp_path / "good", tmp_path / "broken", tmp_path / "empty"]
+    assert main([*map(str, runs), "--returns", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("left out")] == [
+        f"left out {tmp_path / 'broken'}: cannot read {tmp_path / 'broken' / 'metrics.jsonl'}: it is a directory",
+        f"left out {tmp_path / 'empty'}: no metrics.jsonl in {str(tmp_path / 'empty')!r}: pass a run folder written "
+        "by train.py",
+    ]
+    with Image.open(out) as png:
+        assert png.format == "PNG"
+    assert main([*map(str, runs[1:]), "--returns", "--out", str(tmp_path / "none.png")]) == 2
+    assert "none of the run folders has a readable metrics.jsonl" in capsys.readouterr().err
+    assert not (tmp_path / "none.png").exists()
 
 
 # Colour-vision-deficiency simulation matrices on linear RGB (Machado, Oliveira & Fernandes 2009, severity 1.0).

@@ -5,6 +5,7 @@ resume, non-finite weights are never checkpointed, and the set of losses may cha
 import copy
 import logging
 import os
+import re
 import shutil
 import signal
 import struct
@@ -299,3 +300,25 @@ def test_resume_with_another_set_of_losses(policy_file, tmp_path, first, then):
     assert f"losses=[{','.join(saved)}]" == then[0]
     code, message = run_reporting(tmp_path, *then, "policy.core.hidden_size=16", epochs=3)
     assert code == 2 and "policy.core.hidden_size: 32 -> 16" in message, message
+
+
+def test_only_the_builder_turns_config_into_code():
+    """Grep-proof of "everything read from a file is data" (issue 30): the calls that import or call what a config
+    names, or resolve its interpolations, appear only where the config is the composed one (conf/ and the command
+    line) or a file of this repository; every loader of a file from disk goes through the allow-lists instead."""
+    calls = re.compile(r"\b(instantiate|get_class|get_object|locate)\(|OmegaConf\.load\(|resolve=True")
+    allowed = {
+        "machina/build.py",  # the composed config: the one place that instantiates it
+        "machina/resolvers.py",  # ${consumes:...} during composition: the composed losses' classes
+        "machina/validation.py",  # start-up type checks of the composed config's constructors
+        "machina/run.py",  # the composed config resolved once, for the checks and the record
+        "machina/benchmarks/policy.py",  # conf/policy/*.yaml of this repository
+        "eval.py",  # env=<name> on eval's command line: the composed env group
+    }
+    found = set()
+    for path in [*sorted((ROOT / "machina").rglob("*.py")), ROOT / "eval.py", ROOT / "train.py"]:
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        code = re.sub(r'""".*?"""', "", code, flags=re.S)
+        if calls.search(code):
+            found.add(str(path.relative_to(ROOT)))
+    assert found == allowed

@@ -5,12 +5,10 @@ command, the run summary); and the rule that a rollout step makes no host-device
 import json
 import logging
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,7 @@ from machina.run import train
 from machina.training import learner as learner_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer
-from tests.conftest import ROOT, compose_config, run_train
+from tests.conftest import compose_config, interrupt_train, run_train
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 from tests.wandb_reader import find_runs, read_run
 
@@ -215,21 +213,11 @@ def test_ctrl_c_prints_the_command_that_resumes_into_the_same_wandb_run(tmp_path
     command continues the run (the next epochs, the same W&B run id)."""
     run_dir = tmp_path / "outputs" / "first"
     args = [*TINY, "trainer.total_timesteps=1000000", "trainer.checkpoint_interval=0"]
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    metrics_file = run_dir / "metrics.jsonl"
+    code, output, command = interrupt_train(
+        [*args, f"hydra.run.dir={run_dir}"], lambda: metrics_file.is_file() and metrics_file.read_text(), tmp_path
     )
-    deadline = time.time() + 300
-    while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text():
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 130, output[-3000:]
-    command = re.search(r"to resume: (.*)", output).group(1)
+    assert code == 130, output[-3000:]
     assert command.startswith("python ") and command.endswith(f"hydra.run.dir={run_dir}")
     stopped_at = len((run_dir / "metrics.jsonl").read_text().splitlines())
 

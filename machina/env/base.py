@@ -66,6 +66,9 @@ class Env:
         raise NotImplementedError
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from a ``state_dict`` of an env built with the same settings. ``state`` may come from an edited
+        checkpoint: every entry is checked (shape, dtype, value range; ``machina.saved_state``) before anything
+        changes, and a bad one raises a ConfigError naming it, so a refused resume never reaches a step."""
         raise NotImplementedError
 
     def prepare_rollout(self, steps: int | None = None) -> None:

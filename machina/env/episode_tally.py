@@ -4,6 +4,8 @@ the shape ``Env.episode_stats`` and ``Env.last_episodes`` promise."""
 import numpy as np
 import torch
 
+from machina import saved_state
+
 
 class EpisodeTally:
     """Sums over the episodes ended since the last ``pop_sums`` and each env's latest episode.
@@ -38,3 +40,15 @@ class EpisodeTally:
         """Per env, float32 [E] on ``device``: episodes ended since ``clear`` and the stats of its latest one."""
         last = torch.tensor(self.last, dtype=torch.float32, device=device)
         return {name: last[:, i] for i, name in enumerate(self.names)}
+
+
+def check_counters(
+    state: dict[str, torch.Tensor], name: str, num_envs: int, stats: int, seed_stride: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host env's saved episode counters ``state[name]`` and stat sums ``state["totals"]``, checked (ConfigError
+    naming the entry): counters int64 [E] in [0, seed_stride) (env e's seeds are its base plus its counter, so a
+    larger one would take env e + 1's), totals float64 [stats], finite, the episode count >= 0."""
+    counters = saved_state.tensor(state, name, (num_envs,), torch.int64, 0, seed_stride - 1)
+    totals = saved_state.tensor(state, "totals", (stats,), torch.float64)
+    saved_state.values(totals[0], "totals[0] (episodes)", 0)
+    return counters, totals

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.base import Env
-from machina.env.episode_tally import EpisodeTally
+from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
 
@@ -94,8 +94,10 @@ class GymnasiumEnv(Env):
 
         try:
             probe = gym.make(id, **make_kwargs)
-        except gym.error.Error as err:
-            raise ConfigError(f"env.id={id}: {err}") from None
+        except (gym.error.Error, ImportError) as err:  # an unknown id, or a module in the id that does not import
+            raise ConfigError(f"env.id={id}: {' '.join(str(err).split())}") from None
+        except TypeError as err:  # the env's constructor does not take a keyword of env.kwargs
+            raise ConfigError(f"env.id={id}: {err}; check env.kwargs") from None
         obs_space, action_space = probe.observation_space, probe.action_space
         can_render = "rgb_array" in probe.metadata.get("render_modes", ())
         probe.close()
@@ -201,12 +203,12 @@ class GymnasiumEnv(Env):
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``)."""
-        if state["episodes"].shape != (self.num_envs,):
-            raise ValueError("state_dict entry 'episodes' is missing or has the wrong shape")
-        self.episodes[:] = state["episodes"].numpy()
+        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``), once
+        checked (``episode_tally.check_counters``)."""
+        episodes, totals = check_counters(state, "episodes", self.num_envs, len(self.tally.totals), SEED_STRIDE)
+        self.episodes[:] = episodes.numpy()
         self._start(self.episodes)
-        self.tally.totals[:] = state["totals"].numpy()
+        self.tally.totals[:] = totals.numpy()
 
     def render(self, env_index: int = 0, **options: object) -> np.ndarray:
         """Env ``env_index``'s frame as uint8 RGB [H, W, 3], where the env renders ``rgb_array`` (drawing options

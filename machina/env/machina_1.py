@@ -46,10 +46,21 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import keys, saved_state
 from machina.env import layout as layouts
 from machina.env.base import Env
-from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, HEART, NUM_RESOURCES, WINDOW, Geometry, feature_table
+from machina.env.grid import (
+    ASSEMBLER,
+    CHEST,
+    EMPTY,
+    EXTRACTOR,
+    HEART,
+    INVENTORY_SLOTS,
+    NUM_RESOURCES,
+    WINDOW,
+    Geometry,
+    feature_table,
+)
 from machina.env.machina_1_settings import check_settings
 from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
@@ -302,20 +313,36 @@ class Machina1Env(Env):
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         """Restore a ``state_dict`` of an env built with the same settings; the teacher may be on in one and off in
-        the other (its distance fields are recomputed when this env has the teacher)."""
-        for name, own in (("totals", self.totals), ("last", self.last), ("ended", self.ended)):
-            if name not in d or d[name].shape != own.shape:
-                raise ValueError(f"state_dict entry {name!r} is missing or has the wrong shape")
-        for name in ("rng_state", "steps_since_refill"):
-            if name not in d:
-                raise ValueError(f"state_dict entry {name!r} is missing")
-        for block, rows in self.episodes.load(d, self.num_envs).items():
-            self.rows[block].copy_(rows)
-        for name, own in (("totals", self.totals), ("last", self.last), ("ended", self.ended)):
-            own.copy_(d[name])
-        self.pool.load_state_dict(d)
-        self.generator.set_state(d["rng_state"])
-        self.steps_since_refill = int(d["steps_since_refill"])
+        the other (its distance fields are recomputed when this env has the teacher). Every entry is checked before
+        anything changes (ConfigError naming it): valid layouts and step counters (``Episodes.check``); inventories
+        up to ``inventory_cap``, vibes below ``num_vibes``, extractor cooldowns up to ``extractor_cooldown`` with the
+        no-extractor slot at 1; counts >= 0; a generator state of this device; and no more envs ending on one step
+        (envs with the same step counter) than the pool's reset capacity, which a step asserts."""
+        e, a, x = self.num_envs, self.agents_per_env, self.num_extractors
+        rows = self.episodes.load(d, e)  # checked and built, not yet applied
+        saved_state.tensor(d, "inv", (e, a, INVENTORY_SLOTS), torch.int64, 0, self.inventory_cap)
+        saved_state.tensor(d, "vibe", (e, a), torch.int64, 0, self.num_actions - NUM_MOVES - 1)
+        cooldown = saved_state.tensor(d, "cooldown", (e, x + 1), torch.int64, 0, self.extractor_cooldown)
+        saved_state.values(cooldown[:, x], f"cooldown[:, {x}] (the no-extractor slot)", 1, 1)
+        stats = {"totals": self.totals, "last": self.last, "ended": self.ended}
+        saved = {name: saved_state.tensor(d, name, tuple(own.shape), torch.int64, 0) for name, own in stats.items()}
+        rng_state = saved_state.tensor(d, "rng_state", tuple(self.generator.get_state().shape), torch.uint8)
+        try:
+            torch.Generator(self.device).set_state(rng_state)
+        except RuntimeError as err:
+            raise ConfigError(f"rng_state is not a generator state of {self.device} ({err})") from None
+        steps = saved_state.tensor(d, "steps_since_refill", (), torch.int64, 0)
+        capacity = int(saved_state.tensor(d, "reset_capacity", (), torch.int64, 1, e))
+        together = int(torch.bincount(d["t"]).max())
+        if together > capacity:
+            raise ConfigError(f"t puts {together} envs at one step (they end together), reset_capacity is {capacity}")
+        self.pool.load_state_dict(d)  # checks the pool's own entries before it changes
+        for block, fresh in rows.items():
+            self.rows[block].copy_(fresh)
+        for name, own in stats.items():
+            own.copy_(saved[name])
+        self.generator.set_state(rng_state)
+        self.steps_since_refill = int(steps)
 
     def render(self, env_index: int = 0, cell: int = 24) -> np.ndarray:
         """The replay frame of env ``env_index``: the map (``cell`` pixels per map cell) with a header (step, return

@@ -44,6 +44,18 @@ def check_settings(settings: dict[str, Any]) -> None:
             refuse(key, settings[key], "must be true or false")
     if settings["height"] + settings["width"] > 500:
         refuse("height", settings["height"], f"plus env.width={settings['width']} must be at most 500")
+    # The map's capacity comes first: a count of extractors too large for it is that count's fault, not the
+    # observation's (it would otherwise be reported as a max_tokens problem, the next check).
+    objects = settings["agents_per_env"] + 4 * settings["extractors_per_resource"] + 2
+    cells = settings["height"] * settings["width"]
+    if objects > cells:
+        refuse(
+            "extractors_per_resource",
+            settings["extractors_per_resource"],
+            f"is too many: {settings['agents_per_env']} agents, 4 x {settings['extractors_per_resource']} extractors, "
+            f"an assembler and a chest ({objects}) do not fit in the {settings['height']}x{settings['width']} "
+            "interior; lower it or raise env.height / env.width",
+        )
     minimum = never_cut(settings["agents_per_env"], 4 * settings["extractors_per_resource"])
     if settings["max_tokens"] < minimum:
         refuse(

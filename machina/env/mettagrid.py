@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.base import Env
-from machina.env.episode_tally import EpisodeTally
+from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError
 
@@ -180,13 +180,13 @@ class MettaGridArenaEnv(Env):
         return {"episode": torch.from_numpy(self.episode.copy()), "totals": torch.from_numpy(self.tally.totals.copy())}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``)."""
-        if d["episode"].shape != (self.num_envs,):
-            raise ValueError("state_dict entry 'episode' is missing or has the wrong shape")
-        self.episode[:] = d["episode"].numpy()
+        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``), once
+        checked (``episode_tally.check_counters``)."""
+        episode, totals = check_counters(d, "episode", self.num_envs, len(self.tally.totals), SEED_STRIDE)
+        self.episode[:] = episode.numpy()
         for e in range(self.num_envs):
             self._start_episode(e)
-        self.tally.totals[:] = d["totals"].numpy()
+        self.tally.totals[:] = totals.numpy()
 
     # ------------------------------------------------------------------------------------------------ internals
     def _start_all(self) -> None:

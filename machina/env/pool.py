@@ -20,11 +20,13 @@ still deterministic for a seed, and no host read; only less varied.
 
 import torch
 
+from machina import saved_state
 from machina.env import layout as layouts
-from machina.env.grid import INVENTORY_SLOTS, Geometry
+from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, INVENTORY_SLOTS, WALL, Geometry
 from machina.env.rows import RowFormat
 from machina.env.teacher import GOAL_SLOTS, INF, distance_fields
 from machina.env.tokens import type_tokens
+from machina.errors import ConfigError
 
 
 class Episodes:
@@ -109,24 +111,68 @@ class Episodes:
     def load(
         self, d: dict[str, torch.Tensor], count: int, prefix: str = "", dynamic: bool = True
     ) -> dict[str, torch.Tensor]:
-        """``count`` envs' rows rebuilt from ``save``'s entries in ``d`` (derived fields recomputed); a ValueError
-        names a missing or misshapen entry."""
-        fields = self.formats["episode"].fields
-        expected = {"map": (count, self.geom.rows, self.geom.cols)}
-        expected |= {k: (count, *fields[k]) for k in ("ext_pos", *(self.DYNAMIC if dynamic else ("pos",)))}
-        for name, shape in expected.items():
-            if prefix + name not in d or tuple(d[prefix + name].shape) != shape:
-                raise ValueError(f"state_dict entry {prefix + name!r} is missing or has the wrong shape {shape}")
-        device = self.map_cells.device
-        grid = self.geom.template(device).repeat(count, 1)
-        grid[:, self.map_cells] = d[prefix + "map"].to(device).view(count, -1).long()
-        lay = layouts.Layout(grid, d[prefix + "pos"].to(device), d[prefix + "ext_pos"].to(device))
+        """``count`` envs' rows rebuilt from ``save``'s entries in ``d`` (derived fields recomputed), once they are
+        checked (``check``)."""
+        grid = self.check(d, count, prefix, dynamic)
+        lay = layouts.Layout(grid, d[prefix + "pos"].to(grid.device), d[prefix + "ext_pos"].to(grid.device))
         rows = self.fresh(lay)
         if dynamic:
             v = self.views(rows)
             for name in self.DYNAMIC:
                 v[name].copy_(d[prefix + name])
         return rows
+
+    def check(self, d: dict[str, torch.Tensor], count: int, prefix: str = "", dynamic: bool = True) -> torch.Tensor:
+        """Refuse entries of ``save`` that would not be a valid state (ConfigError naming the entry): shapes and
+        dtypes; maps of object types (no agents: they are not stored in the grid) inside a wall border; agents on
+        distinct empty interior cells; each extractor slot on an interior extractor cell, its own, or unused (margin
+        cell 0); with ``dynamic``, the step counter and episode length below ``max_steps`` and one episode per row.
+        The ranges that are env settings (inventories, vibes, cooldowns) are the env's to check. Returns the boards
+        of the maps, int64 [count, cells] on this env's device."""
+        geom, fields, device = self.geom, self.formats["episode"].fields, self.map_cells.device
+        entry = {name: (count, *fields[name]) for name in (*self.DYNAMIC, "ext_pos")}
+        maps = saved_state.tensor(d, prefix + "map", (count, geom.rows, geom.cols), torch.uint8, 0, CHEST)
+        border = torch.ones(geom.rows, geom.cols, dtype=torch.bool, device=maps.device)
+        border[1:-1, 1:-1] = False
+        saved_state.refuse_any((maps != WALL) & border, maps, prefix + "map", f"{WALL} (a wall) on the border")
+        grid = geom.template(device).repeat(count, 1)
+        grid[:, self.map_cells] = maps.to(device).view(count, -1).long()
+        interior = torch.zeros(geom.cells, dtype=torch.bool, device=device)
+        interior[geom.interior(device)] = True
+
+        def kind_at(cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """Whether each cell is an interior one, and its object type (EMPTY where it is not)."""
+            inside = (cells >= 0) & (cells < geom.cells)
+            cells = torch.where(inside, cells, 0)
+            return inside & interior[cells], torch.where(inside, grid.gather(1, cells), EMPTY)
+
+        pos = saved_state.tensor(d, prefix + "pos", entry["pos"], torch.int64).to(device)
+        on_interior, kind = kind_at(pos)
+        saved_state.refuse_any(~on_interior | (kind != EMPTY), pos, prefix + "pos", "an empty interior cell")
+        _refuse_shared(pos, prefix + "pos", "two agents")
+        ext_pos = saved_state.tensor(d, prefix + "ext_pos", entry["ext_pos"], torch.int64).to(device)
+        on_interior, kind = kind_at(ext_pos)
+        extractor = on_interior & (kind >= EXTRACTOR) & (kind < ASSEMBLER)
+        saved_state.refuse_any(~extractor & (ext_pos != 0), ext_pos, prefix + "ext_pos", "an extractor's cell or 0")
+        unused = -torch.arange(ext_pos.shape[1], device=device)  # unused slots all hold cell 0: a stand-in each
+        _refuse_shared(torch.where(ext_pos == 0, unused, ext_pos), prefix + "ext_pos", "two extractors")
+        if dynamic:
+            for name in ("inv", "vibe", "cooldown"):
+                saved_state.tensor(d, prefix + name, entry[name], torch.int64)
+            saved_state.tensor(d, prefix + "t", entry["t"], torch.int64, 0, self.max_steps - 1)
+            ep = saved_state.tensor(d, prefix + "ep", entry["ep"], torch.int64, 0)
+            length, episodes = (self.COUNTS.index(name) for name in ("length", "episodes"))
+            saved_state.values(ep[:, length], f"{prefix}ep[:, {length}] (length)", 0, self.max_steps - 1)
+            saved_state.values(ep[:, episodes], f"{prefix}ep[:, {episodes}] (episodes)", 1, 1)
+        return grid
+
+
+def _refuse_shared(cells: torch.Tensor, name: str, what: str) -> None:
+    """Refuse a row of ``cells`` [K, M] that holds a cell twice, naming the row."""
+    ordered = cells.sort(1).values
+    shared = (ordered[:, 1:] == ordered[:, :-1]).any(1)
+    if bool(shared.any()):
+        raise ConfigError(f"{name}[{int(shared.nonzero()[0])}] puts {what} on one cell")
 
 
 class EpisodePool:
@@ -207,10 +253,12 @@ class EpisodePool:
         return {**saved, "pool_cursor": self.cursor.clone(), "reset_capacity": torch.tensor(self.capacity)}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        for name in ("pool_cursor", "reset_capacity"):
-            if name not in d:
-                raise ValueError(f"state_dict entry {name!r} is missing")
+        """Restore a ``state_dict`` of a pool of the same size, once checked (ConfigError naming the entry): valid
+        layouts (``Episodes.check``), a cursor >= -1 (it counts the rows taken, never wrapped) and a capacity in [1,
+        num_envs]; the env checks that no more of its envs end on one step than that capacity."""
+        cursor = saved_state.tensor(d, "pool_cursor", (1,), torch.int64, -1)
+        capacity = saved_state.tensor(d, "reset_capacity", (), torch.int64, 1, self.num_envs)
         for block, rows in self.episodes.load(d, self.size, prefix="pool_", dynamic=False).items():
             self.rows[block].copy_(rows)
-        self.cursor.copy_(d["pool_cursor"])
-        self.set_capacity(int(d["reset_capacity"]))
+        self.cursor.copy_(cursor)
+        self.set_capacity(int(capacity))

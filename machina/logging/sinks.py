@@ -4,54 +4,69 @@ Every sink takes the same flat dict ``{name: float}`` once per epoch. A W&B fail
 off for the rest of the run; it never stops training.
 """
 
-import json
 import logging
 import math
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
 from machina.errors import ConfigError, Interrupted, TrainingStopped
-from machina.files import atomic_write
+from machina.metrics_file import encode_row
 
 log = logging.getLogger(__name__)
 
 
 class JsonlSink:
-    """Appends one JSON object per epoch to ``path`` and flushes it, so a killed run keeps every finished epoch.
+    """Appends one row per finished epoch to ``path`` (the format: ``machina.metrics_file``), so a killed run keeps
+    every finished epoch.
 
-    Opening it keeps the rows up to ``start_epoch`` (the epoch a resumed run continues from; 0 for a new run): the
-    resumed run writes the later epochs again, and a kill mid-write may have left a partial last line.
+    Append-only: it never rewrites the file (a resumed run's rows beyond its checkpoint are archived before the sink
+    opens). Each row is one ``os.write`` of the whole line; when the file ends inside a line (a kill or a failed
+    write tore its last row), the next row starts on a new line, so the torn text stays a line of its own that
+    readers skip. A write that fails (a full disk) stops training cleanly: ``TrainingStopped``.
     """
 
-    def __init__(self, path: Path, start_epoch: int = 0):
+    def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._keep_rows_until(start_epoch)
-        self._file = self.path.open("a", encoding="utf-8")
-
-    def _keep_rows_until(self, epoch: int) -> None:
-        if not self.path.is_file():
-            return
-        kept = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("metric/epoch", 0) <= epoch:
-                kept.append(line + "\n")
-        atomic_write(self.path, lambda f: f.write("".join(kept).encode("utf-8")))
+        self._fd = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Read-write to look at the last byte; O_NONBLOCK: a FIFO in the file's place is refused, not waited on.
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
+            info = os.fstat(self._fd)
+            regular = stat.S_ISREG(info.st_mode)
+            self._mid_line = regular and info.st_size > 0 and os.pread(self._fd, 1, info.st_size - 1) != b"\n"
+        except OSError as err:
+            self.close()
+            raise ConfigError(f"cannot write {self.path}: {err.strerror or err}") from None
+        if not regular:
+            self.close()
+            raise ConfigError(f"cannot write {self.path}: it is not a regular file")
 
     def log(self, metrics: dict[str, float]) -> None:
-        # JSON has no NaN; a metric without a value this epoch is written as null.
-        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        line = encode_row(metrics)
+        self._write(b"\n" + line if self._mid_line else line)
+
+    def _write(self, data: bytes) -> None:
+        written = 0
+        try:
+            while written < len(data):  # a regular file takes it in one call unless the disk fills up
+                written += os.write(self._fd, data[written:])
+        except OSError as err:
+            if written:  # part of the row is in the file: it ends inside a line unless the part was the newline
+                self._mid_line = data[written - 1 : written] != b"\n"
+            raise TrainingStopped(
+                f"could not write {self.path} ({err.strerror or err}); training stopped and the last checkpoint is "
+                "kept: rerunning the same command resumes from it"
+            ) from None
+        self._mid_line = False
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class ConsoleSink:

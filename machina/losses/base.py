@@ -8,10 +8,12 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from machina import saved_state
 from machina.env.spec import EnvSpec
+from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.losses.schedule import Linear
-from machina.training.state import pack, unpack
+from machina.training.state import pack
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Loss(nn.Module):
             one of them.
         env_keys: env outputs this loss needs besides observations and rewards (e.g. ``TEACHER_ACTIONS``); the
             env computes teacher actions only when a loss asks for them.
+        rollout_state: names of the TensorDicts it keeps between rollout steps (saved in checkpoints).
 
     Every rollout step stores the trajectory keys (``machina.training.experience.trajectory_spec``); a loss declares
     only what it needs beyond them.
@@ -42,29 +45,52 @@ class Loss(nn.Module):
 
     consumes: ClassVar[frozenset[str]] = frozenset()
     env_keys: ClassVar[frozenset[str]] = frozenset()
+    # Attributes the loss keeps between rollout steps: TensorDicts of batch [num_agents], or None before the first
+    # step. Checkpoints carry them (``get_extra_state``), checked on restore against ``rollout_state_like``.
+    rollout_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self):
         super().__init__()
         # Sums a device tensor over the data-parallel ranks in place (identity in a single process); set by setup.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
         self.device = torch.device("cpu")
+        self.num_agents = 0  # the env's, set by setup
 
     def get_extra_state(self) -> dict[str, Any]:
-        """The tensors and TensorDicts a loss keeps between rollout steps (a teacher's recurrent state, the slices
-        of this rollout), as plain data: ``state_dict()`` carries them into checkpoints, so a resumed rollout
-        continues with them."""
-        state = {}
-        for name, value in vars(self).items():
-            if isinstance(value, TensorDict):
-                state[name] = {"tensordict": pack(value)}
-            elif isinstance(value, torch.Tensor):
-                state[name] = {"tensor": value.detach().clone()}
-        return state
+        """The ``rollout_state`` TensorDicts that are set (a teacher's recurrent state, the slices of this rollout),
+        as plain data: ``state_dict()`` carries them into checkpoints, so a resumed rollout continues with them."""
+        return {
+            name: {"tensordict": pack(getattr(self, name))}
+            for name in self.rollout_state
+            if getattr(self, name) is not None
+        }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            restored = unpack(value["tensordict"], self.device) if "tensordict" in value else value["tensor"]
-            setattr(self, name, restored.to(self.device))
+        """Restore ``get_extra_state``'s data once all of it is checked (ConfigError naming the entry): only
+        ``rollout_state`` names, each a packed TensorDict with exactly the batch size, keys, shapes and dtypes of
+        ``rollout_state_like(name)``, finite."""
+        state = saved_state.mapping(state, "_extra_state")
+        unknown = sorted(set(state) - set(self.rollout_state))
+        if unknown:
+            raise ConfigError(f"_extra_state.{unknown[0]} is not rollout state of this loss {list(self.rollout_state)}")
+        restored = {name: self._restored(name, value) for name, value in state.items()}
+        for name, value in restored.items():
+            setattr(self, name, value)
+
+    def _restored(self, name: str, saved: Any) -> TensorDict:
+        """The rollout state ``name`` from its packed form in a checkpoint, checked against ``rollout_state_like``."""
+        like, entry = self.rollout_state_like(name), f"_extra_state.{name}.tensordict"
+        packed = saved_state.mapping(saved, f"_extra_state.{name}", ("tensordict",))["tensordict"]
+        packed = saved_state.mapping(packed, entry, ("tensors", "batch_size"))
+        if packed["batch_size"] != list(like.batch_size):
+            raise ConfigError(f"{entry}.batch_size is {packed['batch_size']!r}, expected {list(like.batch_size)}")
+        tensors = saved_state.like(packed["tensors"], dict(like.items()), f"{entry}.tensors")
+        return TensorDict(tensors, batch_size=like.batch_size).to(self.device)
+
+    def rollout_state_like(self, name: str) -> TensorDict:
+        """An example (any values) of the ``rollout_state`` attribute ``name``, batch [num_agents]: what a checkpoint
+        must hold for it. Losses with ``rollout_state`` implement it."""
+        raise NotImplementedError
 
     def scheduled(self) -> list[str]:
         """Names of this loss's coefficients that change over training (``schedule.Linear``), for the settings that
@@ -82,10 +108,10 @@ class Loss(nn.Module):
         device: torch.device,
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
-        """Validate against the env and policy, and keep what the loss is handed: its ``device`` and ``all_reduce``,
-        which sums a tensor over the ranks of a data-parallel run (no rank logic in losses). Subclasses extend it
-        and call it first."""
-        self.all_reduce, self.device = all_reduce, torch.device(device)
+        """Validate against the env and policy, and keep what the loss is handed: its ``device``, the env's
+        ``num_agents`` and ``all_reduce``, which sums a tensor over the ranks of a data-parallel run (no rank logic in
+        losses). Subclasses extend it and call it first."""
+        self.all_reduce, self.device, self.num_agents = all_reduce, torch.device(device), env_spec.num_agents
 
     def on_rollout_start(self, progress: Progress) -> None:
         """Called once before each rollout (e.g. to resample which agents the teacher leads)."""

@@ -43,6 +43,7 @@ class EERKickstarterLoss(Loss):
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS, keys.VALUES})
+    rollout_state = ("_state",)  # the teacher's recurrent state
 
     def __init__(
         self,
@@ -77,6 +78,9 @@ class EERKickstarterLoss(Loss):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         own = {f"teacher.{k}": v for k, v in self.teacher.state_dict().items()}
         return super().load_state_dict({**state_dict, **own}, strict=strict, assign=assign)
+
+    def rollout_state_like(self, name: str) -> TensorDict:
+        return self.teacher.initial_state(self.num_agents, self.device)
 
     def experience_spec(self, env_spec: EnvSpec) -> Spec:
         return {

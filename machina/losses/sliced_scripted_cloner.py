@@ -26,6 +26,8 @@ class SlicedScriptedClonerLoss(Loss):
 
     consumes = frozenset({keys.FULL_LOG_PROBS})
     env_keys = frozenset({keys.TEACHER_ACTIONS})
+    rollout_state = ("masks",)  # this rollout's slices
+    MASKS = (keys.STUDENT_MASK, keys.TEACHER_MASK, keys.PPO_MASK)
 
     def __init__(
         self,
@@ -56,6 +58,10 @@ class SlicedScriptedClonerLoss(Loss):
             keys.TEACHER_MASK: flag,
             keys.PPO_MASK: flag,
         }
+
+    def rollout_state_like(self, name: str) -> TensorDict:
+        flags = {key: torch.zeros(self.num_agents, dtype=torch.bool, device=self.device) for key in self.MASKS}
+        return TensorDict(flags, batch_size=[self.num_agents])
 
     def on_rollout_start(self, progress: Progress) -> None:
         self._proportions = (self.student_led(progress.agent_step), self.teacher_led(progress.agent_step))

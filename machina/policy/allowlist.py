@@ -17,6 +17,8 @@ of those.
 from functools import partial
 from typing import Any
 
+import torch
+
 from machina.env.spec import ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.policy.action_probs import ActionProbs
@@ -42,6 +44,8 @@ FACTORY_SLOTS = ("encoder", "core", "actor", "critic")
 SLOTS = (*FACTORY_SLOTS, "action_probs")
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values
 PLAIN = (bool, int, float, str, type(None))
+MAX_LIST = 64  # items of a list argument (a policy's hidden widths, the Perceiver's frequencies)
+MAX_INT = 2**31  # no width or count of a policy comes near it
 
 
 def check_architecture(architecture: Any, source: str) -> None:
@@ -89,11 +93,42 @@ def check_convert(node: dict, entry: str, refuse) -> None:
 
 def check_plain(value: Any, entry: str, refuse) -> None:
     if isinstance(value, list):
+        if len(value) > MAX_LIST:
+            raise refuse(entry, f"has {len(value)} items; a policy argument has at most {MAX_LIST}")
         for i, item in enumerate(value):
-            if not isinstance(item, PLAIN):
-                raise refuse(f"{entry}[{i}]", f"is a {type(item).__name__}, not a plain value")
-    elif not isinstance(value, PLAIN):
+            check_plain_value(item, f"{entry}[{i}]", refuse)
+    else:
+        check_plain_value(value, entry, refuse)
+
+
+def check_plain_value(value: Any, entry: str, refuse) -> None:
+    if not isinstance(value, PLAIN):
         raise refuse(entry, f"is a {type(value).__name__}, not a plain value")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+        raise refuse(entry, f"is {value}, beyond any size a policy takes ({MAX_INT:,})")
+
+
+def check_sizes(
+    architecture: dict[str, Any],
+    obs_spec: ObsSpec | VectorObsSpec,
+    num_actions: int,
+    state_dict: dict[str, Any],
+    source: str,
+) -> None:
+    """Refuse an architecture whose parameters are not those of ``state_dict`` (the weights the same file holds,
+    bounded by its size) before anything is allocated: the policy is built on the meta device, which allocates
+    nothing, and the names and shapes are compared. An architecture claiming a billion-wide layer next to small
+    weights is refused here instead of being allocated."""
+    with torch.device("meta"):
+        policy = build_policy(architecture, obs_spec, num_actions)
+    expected = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+    for name in sorted(set(expected) | set(found)):
+        if expected.get(name) != found.get(name):
+            raise ConfigError(
+                f"{source}: its architecture makes {name} of shape {expected.get(name)} but its weights hold "
+                f"{found.get(name)}; the file was edited or damaged"
+            )
 
 
 def is_none(node: Any) -> bool:

@@ -37,7 +37,10 @@ class TokenBagEncoder(Component):
         # Values a categorical feature can take (0..norm, larger ones clamped); 1 level for a scaled feature.
         levels = torch.where(categorical, norms.long() + 1, 1)
         offsets = torch.cumsum(levels * cells, 0) - levels * cells
-        self.bag = nn.EmbeddingBag(int((levels * cells).sum()), embed_dim, mode="sum")
+        # The table's size from the spec's plain numbers (the same sum as levels * cells), so that the policy can be
+        # built on the meta device, reading no tensor (machina.policy.allowlist checks a file's sizes that way).
+        table_rows = sum((int(norm) + 1 if norm <= categorical_max else 1) * cells for norm in spec.feature_norms)
+        self.bag = nn.EmbeddingBag(table_rows, embed_dim, mode="sum")
         row_offset = torch.zeros(BYTE_VALUES, dtype=torch.int64)
         row_offset[: spec.num_features] = offsets
         max_level = torch.zeros(BYTE_VALUES, dtype=torch.int64)

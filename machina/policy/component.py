@@ -107,6 +107,14 @@ class ComponentPolicy(nn.Module):
                 raise ValueError(
                     f"policy.{slot} reads [{err.args[0]!r}], which no component before it writes"
                 ) from None
+            except RuntimeError as err:  # torch refuses a negative size: "Trying to create tensor with negative ..."
+                reason = " ".join(str(err).split())[:200]
+                raise ValueError(f"policy.{slot}: {reason}; every width must be >= 1") from None
+            # A width of 0 builds (empty layers) and trains a policy that ignores its input: refuse it.
+            empty = [name for name, p in component.named_parameters() if p.numel() == 0]
+            if empty or any(width < 1 for width in component.out_widths.values()):
+                what = f"parameter {empty[0]}" if empty else f"output widths {component.out_widths}"
+                raise ValueError(f"policy.{slot} has a size of 0 ({what}); every width and size must be >= 1")
             widths.update(component.out_widths)
             return component
 

@@ -3,9 +3,11 @@
 A policy file is a dict of plain data and tensors only:
     {"format": "machina.policy/1", "architecture": <resolved policy config>, "obs_spec": {...},
      "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.checksum>}
-A file from an untrusted source cannot run code: ``torch.load(weights_only=True)`` refuses pickled objects, and the
-policy is rebuilt from the architecture through machina's own classes only (``machina.policy.allowlist``), never by
-``hydra.utils.instantiate``. A damaged file (its checksum does not match) or one without a checksum is refused.
+A file from an untrusted source cannot run code or allocate more than it holds: it is read as bounded plain data
+(``machina.torch_file``: ``torch.load(weights_only=True)`` after its archive and pickle are checked), and the policy
+is rebuilt from the architecture through machina's own classes only (``machina.policy.allowlist``), never by
+``hydra.utils.instantiate``. A damaged file (its checksum does not match) or one without a checksum is refused, and
+so are weights that are not all finite.
 """
 
 from pathlib import Path
@@ -14,10 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from machina import checksum
+from machina import checksum, torch_file
 from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spec_to_dict
 from machina.errors import ConfigError
-from machina.policy.allowlist import build_policy, check_architecture
+from machina.policy.allowlist import build_policy, check_architecture, check_sizes
+from machina.training.state import nonfinite
 
 FORMAT = "machina.policy/1"
 
@@ -38,17 +41,9 @@ def policy_payload(
 
 
 def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` with clear errors for a missing, truncated, damaged or foreign file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"checkpoint {str(path)!r} does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - unpickling errors come in many types; all mean "not loadable"
-        raise ConfigError(
-            f"checkpoint {str(path)!r} cannot be loaded safely ({type(err).__name__}: {str(err)[:200]}); it is "
-            "truncated, not a machina checkpoint, or carries pickled objects, which are refused"
-        ) from None
+    """A machina file's data with clear errors for a missing, truncated, damaged or foreign file: bounded plain data
+    (``machina.torch_file``), a dict with a ``format``, and a checksum that matches."""
+    data = torch_file.load(Path(path))
     if not isinstance(data, dict) or "format" not in data:
         raise ConfigError(f"checkpoint {str(path)!r} is not a machina checkpoint (no 'format' entry)")
     why = checksum.problem(data)
@@ -58,7 +53,8 @@ def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
 
 
 def check_policy_data(policy_data: Any, path: str | Path) -> None:
-    """Refuse a policy part (of a policy file or a checkpoint) that is not plain data machina can rebuild."""
+    """Refuse a policy part (of a policy file or a checkpoint) that is not plain data machina can rebuild, or whose
+    weights are not all finite (a NaN teacher or resumed policy would only stop training later)."""
     where = f"checkpoint {str(path)!r}"
     if not isinstance(policy_data, dict) or policy_data.get("format") != FORMAT:
         found = policy_data.get("format") if isinstance(policy_data, dict) else type(policy_data).__name__
@@ -67,6 +63,16 @@ def check_policy_data(policy_data: Any, path: str | Path) -> None:
     num_actions = policy_data.get("num_actions")
     if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
         raise ConfigError(f"{where}: num_actions is {num_actions!r}, not a positive integer")
+    weights = policy_data.get("state_dict")
+    if not isinstance(weights, dict) or not all(isinstance(w, torch.Tensor) for w in weights.values()):
+        raise ConfigError(f"{where}: the policy's state_dict is not a mapping of names to tensors")
+    bad = nonfinite(weights)
+    if bad:
+        raise ConfigError(
+            f"{where}: the policy's weights hold NaN or infinite values (state_dict.{', state_dict.'.join(bad[:3])}"
+            + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            + "); it cannot be resumed, evaluated or taught from"
+        )
 
 
 def load_policy(
@@ -77,14 +83,19 @@ def load_policy(
     data = read_checkpoint_file(path)
     policy_data = data.get("policy", data)
     check_policy_data(policy_data, path)
+    where = f"{'policy file' if data.get('format') == FORMAT else 'checkpoint'} {str(path)!r}"
     try:
         obs_spec = obs_spec_from_dict(policy_data["obs_spec"])
+        check_sizes(policy_data["architecture"], obs_spec, policy_data["num_actions"], policy_data["state_dict"], where)
         policy = build_policy(policy_data["architecture"], obs_spec, policy_data["num_actions"], emit_full_log_probs)
         policy.load_state_dict(policy_data["state_dict"])
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - a stale or edited file fails in the constructors or load_state_dict
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:240]
         raise ConfigError(
-            f"checkpoint {str(path)!r}: its policy cannot be rebuilt from its own architecture "
-            f"({type(err).__name__}: {str(err)[:200]}); it was written by another machina version or edited"
+            f"{where}: its policy cannot be rebuilt from its own architecture ({reason}); it was written by another "
+            "machina version or edited"
         ) from None
     return policy.to(device), obs_spec
 
@@ -98,5 +109,8 @@ def load_teacher(path: str | None) -> nn.Module:
             "losses.eer_kickstarter needs a teacher: set losses.eer_kickstarter.teacher.path=PATH to a machina "
             "policy file (outputs/<run>/checkpoints/policy_*.pt)"
         )
-    teacher, _ = load_policy(path, emit_full_log_probs=True)
+    try:
+        teacher, _ = load_policy(path, emit_full_log_probs=True)
+    except ConfigError as err:
+        raise ConfigError(f"losses.eer_kickstarter.teacher.path={path!r}: {err}") from None
     return teacher.requires_grad_(False).eval()

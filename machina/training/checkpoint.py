@@ -14,12 +14,24 @@ A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=T
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
     config              the resolved config of the run that wrote it
     checksum            sha256 of everything above (``machina.checksum``), verified on load
-Checkpoints are written only with finite parameters and optimizer state. Schedules are pure functions of agent_step,
-so the counters restore them. The experience buffer is not saved: at an epoch boundary every row of it is rewritten
-before it is read again.
+A checkpoint is written only when it is good to resume from: finite parameters and optimizer state, and finite losses
+with its weights (``Learner.loss_check``); so the checkpoint a stopped run names as its last good one is one whose
+weights evaluate to finite losses. Files are serialised in memory and then written atomically (``machina.files``), so
+a failed write reports the OS's reason (a full disk) and leaves the previous checkpoint the newest. History is
+append-only: a save prunes only checkpoints older than ``trainer.keep_checkpoints`` (``machina.history`` moves an
+abandoned future aside before a rewound run continues).
+
+Loading trusts nothing in the file: it is read as bounded plain data (``machina.torch_file``), its checksum must
+match, its structure and types must be a checkpoint's (``checkpoint_schema``), and each part checks the state it
+restores (``Checkpointer.restore``); every refusal is a ConfigError before the run folder changes. Schedules are pure
+functions of agent_step, so the counters restore them. The experience buffer is not saved: at an epoch boundary every
+row of it is rewritten before it is read again.
 """
 
+import io
 import logging
+import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -31,13 +43,14 @@ from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
 from machina.files import atomic_write
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
+from machina.saved_state import within
+from machina.training import checkpoint_schema
 from machina.training.state import capture_rng, nonfinite, restore_rng
 
 log = logging.getLogger(__name__)
 
 FORMAT = "machina.checkpoint/2"
 CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
-POLICY = re.compile(r"policy_(\d+)\.pt")
 
 
 class Checkpointer:
@@ -83,9 +96,10 @@ class Checkpointer:
 
     def save(self, trainer, keep: int) -> Path:
         """Write ``policy_<epoch>.pt`` then ``checkpoint_<epoch>.pt`` (the commit point), and keep the last
-        ``keep`` checkpoints. Non-finite parameters or optimizer state, or a failed write (full disk, folder no
-        longer writable), stop training naming the epoch or the file; the previous checkpoint stays the newest.
-        Under torchrun every rank calls this at the same epoch and rank 0 writes every rank's state."""
+        ``keep`` checkpoints. Non-finite parameters or optimizer state, weights whose losses are not finite, or a
+        failed write (full disk, folder no longer writable) stop training naming the epoch or the file; the previous
+        checkpoint stays the newest. Under torchrun every rank calls this at the same epoch and rank 0 writes every
+        rank's state."""
         name = f"{trainer.epoch:06d}.pt"
         path = self.directory / f"checkpoint_{name}"
         # Every rank holds the same parameters and optimizer state (DDP), so every rank takes the same decision.
@@ -97,6 +111,7 @@ class Checkpointer:
                 + f": checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
                 "coefficients or learner.max_grad_norm"
             )
+        self._check_losses(trainer, path)
         ranks = distributed.gather_to_main({**trainer.local_state_dict(), "rng": capture_rng()})
         if ranks is None:  # not rank 0
             self.latest = path
@@ -111,30 +126,42 @@ class Checkpointer:
             "config": self.config,
         }
         try:
-            atomic_write(self.directory / f"policy_{name}", lambda f: torch.save(payload, f))
-            atomic_write(path, lambda f: torch.save(checksum.seal(state), f))
-        # torch.save reports a failed write (a full disk) as a RuntimeError, the temp file's open as an OSError.
-        except (OSError, RuntimeError) as err:
-            reason = " ".join(str(getattr(err, "strerror", None) or err).split())[:300]
+            write_file(self.directory / f"policy_{name}", payload)
+            write_file(path, checksum.seal(state))
+        except OSError as err:
+            reason = " ".join(str(err.strerror or err).split())[:300]
             raise TrainingStopped(
                 f"cannot write checkpoint {str(path)!r} ({reason}); free disk space or make the folder writable, "
                 f"then rerun the same command to resume ({self._kept()})"
             ) from None
         self.latest = path
-        found = checkpoints(self.directory)
-        # Newer epochs belong to a future abandoned by resuming from an older checkpoint: a later resume must not
-        # pick them up.
-        for epoch, old in found:
-            if epoch > trainer.epoch:
-                old.unlink()
-        for old in [p for e, p in found if e <= trainer.epoch][:-keep]:
+        older = [p for epoch, p in checkpoints(self.directory) if epoch <= trainer.epoch]
+        for old in older[:-keep]:
             old.unlink()
         log.info("checkpoint %s (epoch %d, agent step %d)", path, trainer.epoch, trainer.agent_step)
         return path
 
+    def _check_losses(self, trainer, path: Path) -> None:
+        """Refuse to call the weights good unless their losses are finite on the epoch's own data: a run that stops
+        names its newest checkpoint as the one to resume from, and weights that exploded but stayed finite (|w| ~
+        1e20 after a too-large learning rate) pass the parameter check and give NaN losses at the next forward. No
+        bound on the weights' magnitude instead: how large is too large depends on the architecture and the data,
+        while the losses are what a resume needs."""
+        losses = trainer.learner.loss_check()
+        bad = [f"{name}={value}" for name, value in losses.items() if not math.isfinite(value)]
+        # All ranks write or none: a rank whose own rows give finite losses stops with the others.
+        if distributed.agree_max(int(bool(bad))):
+            raise TrainingStopped(
+                f"the weights after epoch {trainer.epoch} give non-finite losses "
+                f"({', '.join(bad) or 'on another rank'}): checkpoint {str(path)!r} is not written and "
+                f"{self._kept()}; lower optimizer.lr, the loss's coefficients or learner.max_grad_norm"
+            )
+
     def restore(self, trainer, data: dict[str, Any], source: Path) -> None:
         """Load ``data`` (read from ``source`` by ``load_checkpoint``) into ``trainer``; refuse a checkpoint it
-        cannot continue, naming the settings that differ (a resume may be automatic: say which file it was).
+        cannot continue, naming the settings that differ or the entry that is wrong (a resume may be automatic: say
+        which file it was). Each part checks the state it restores (shapes, dtypes, value ranges), so every refusal
+        comes here, before the run folder changes.
 
         The optimizer's state (moment estimates, step counts) comes from the checkpoint; its hyper-parameters (lr,
         eps, betas, weight decay: every param_group entry but ``params``) are this run's, so a changed
@@ -156,15 +183,19 @@ class Checkpointer:
         own = ranks[distributed.rank()] if distributed.rank() < len(ranks) else None
         try:
             trainer.policy.load_state_dict(policy["state_dict"])
-            trainer.load_state_dict(data["trainer"])
+            with within("trainer."):
+                trainer.load_state_dict(data["trainer"])
             if own is not None:
-                trainer.load_local_state_dict(own)
+                with within(f"ranks[{distributed.rank()}]."):
+                    trainer.load_local_state_dict(own)
         except (ValueError, RuntimeError, KeyError) as err:
             changed = config_diff(data["config"].get("env", {}), self.config.get("env", {}), "env")
-            raise ConfigError(
-                f"{where} does not fit this run ({str(err)[:200]}); settings that changed: "
-                f"{'; '.join(changed) or 'none in env'}; resume with the checkpoint's settings"
-            ) from None
+            advice = (
+                f"settings that changed: {'; '.join(changed)}; resume with the checkpoint's settings"
+                if changed
+                else "no env setting changed: the file was edited, or written by another machina version"
+            )
+            raise ConfigError(f"{where} does not fit this run ({' '.join(str(err).split())[:300]}); {advice}") from None
         if own is not None:
             restore_rng(own["rng"])
         if len(ranks) != distributed.world_size():
@@ -203,23 +234,33 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             "checkpoint_*.pt or a run folder (policy_*.pt files are for teachers and evaluation)"
         )
     check_policy_data(data.get("policy"), path)
+    checkpoint_schema.check(data, path)
     return data
 
 
-def find_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: ``resume`` (a checkpoint file, a run folder or its checkpoints folder), or,
-    when ``resume`` is null, the latest checkpoint in ``run_dir`` if it has one (a rerun of the same command)."""
-    if resume is None:
-        return latest_checkpoint(Path(run_dir) / "checkpoints")
-    path = Path(str(resume)).expanduser()
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise ConfigError(f"resume={resume!r} does not exist; give a checkpoint_*.pt file or a run folder")
-    found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
-    if found is None:
-        raise ConfigError(f"resume={resume!r}: no checkpoint_*.pt in {str(path)!r} or its checkpoints/ folder")
-    return found
+def write_file(path: Path, data: dict[str, Any]) -> None:
+    """``torch.save`` ``data`` to ``path`` atomically. Serialised in memory first, then written by
+    ``atomic_write``: a failed write (a full disk) is then the OSError of the write itself, with the OS's reason,
+    not torch's "unexpected pos" from inside its zip writer."""
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    atomic_write(path, lambda f: f.write(buffer.getbuffer()))
+
+
+def named_checkpoint(key: str, value: str) -> Path:
+    """The file a setting ``key=value`` names (``resume=``, eval.py's ``checkpoint=``): a file, or the latest
+    checkpoint of a run folder or of its checkpoints/ folder. A name that is neither a regular file nor a folder (a
+    link loop, a device) is refused as such, not as missing."""
+    path = Path(str(value)).expanduser()
+    if path.is_dir():
+        found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+        if found is None:
+            raise ConfigError(f"{key}={value!r}: no checkpoint_*.pt in {str(path)!r} or its checkpoints/ folder")
+        return found
+    if not path.is_file():
+        what = "is not a regular file" if os.path.lexists(path) else "does not exist"
+        raise ConfigError(f"{key}={value!r} {what}; give a checkpoint_*.pt file or a run folder")
+    return path
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -228,10 +269,17 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """``(epoch, path)`` of every ``checkpoint_<epoch>.pt`` in ``directory``, oldest first."""
-    directory = Path(directory)
-    found = (CHECKPOINT.fullmatch(p.name) for p in directory.glob("checkpoint_*.pt"))
-    return sorted((int(m.group(1)), directory / m.group(0)) for m in found if m)
+    """``(epoch, path)`` of every regular file ``checkpoint_<epoch>.pt`` in ``directory``, oldest first. Other
+    entries with such a name (a folder, a broken or looping link) are skipped with a warning: they are not
+    checkpoints, and must not hide the newest one that is."""
+    found = []
+    for path in Path(directory).glob("checkpoint_*.pt"):
+        match = CHECKPOINT.fullmatch(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+        elif match:
+            log.warning("skipping %s: not a regular file, so not a checkpoint", path)
+    return sorted(found)
 
 
 def config_diff(old: Any, new: Any, prefix: str) -> list[str]:
@@ -242,23 +290,3 @@ def config_diff(old: Any, new: Any, prefix: str) -> list[str]:
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in config_diff(a, b, f"{prefix}[{i}]")]
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
-
-
-def check_same_run(source: Path, run_dir: Path) -> None:
-    """Refuse to continue another folder's checkpoint (``resume=``) in a run folder that already holds a run's
-    history (metrics rows or checkpoints): the resume would drop that history and mix the two runs' files. Into a
-    fresh folder it is allowed."""
-    own = (Path(run_dir) / "checkpoints").resolve()
-    if Path(source).resolve().parent == own:
-        return
-    metrics = Path(run_dir) / "metrics.jsonl"
-    history = [p.name for p in sorted(own.glob("*_*.pt")) if CHECKPOINT.fullmatch(p.name) or POLICY.fullmatch(p.name)]
-    if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
-        history.insert(0, "metrics.jsonl")
-    if history:
-        raise ConfigError(
-            f"resume={str(source)!r} is another run's checkpoint and the run folder {str(run_dir)!r} already holds a "
-            f"run's history ({', '.join(history[:3])}{', ...' if len(history) > 3 else ''}); continuing there would "
-            "mix the two runs: continue into a new folder (hydra.run.dir=NEW_FOLDER), or drop resume= to continue "
-            "this folder's own run"
-        )

@@ -37,6 +37,12 @@ class Curriculum:
         self.defaults = dict(env.settings())
         self.ends: list[int] = []
         self.stage_settings: list[dict] = []
+        # A string is a Sequence too: trainer.curriculum=foo would otherwise be read as the stages 'f', 'o', 'o'.
+        if isinstance(stages, str | bytes | Mapping) or not isinstance(stages, Sequence):
+            raise ConfigError(
+                f"trainer.curriculum must be a list of stages [{{until: STEP, env: {{SETTING: VALUE}}}}, ...], got "
+                f"{stages!r}"
+            )
         for i, stage in enumerate(stages):
             where = f"trainer.curriculum[{i}]"
             if not isinstance(stage, Mapping) or set(stage) != {"until", "env"}:

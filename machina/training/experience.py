@@ -10,6 +10,7 @@ segment from the state the rollout had there. Rows ``i, N + i, 2N + i, ...`` are
 advantages run over them as one trajectory (``machina.training.advantage``).
 """
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -64,6 +65,7 @@ class Experience:
         device: torch.device | str = "cpu",
     ):
         self.segments, self.minibatch_segments = check_sizes(num_agents, batch_size, bptt_horizon, minibatch_size)
+        check_fits({**spec, keys.RATIO: ((), torch.float32)}, state_spec, self.segments, bptt_horizon, device)
         self.num_agents, self.bptt_horizon, self.batch_size = num_agents, bptt_horizon, batch_size
         self.num_minibatches = self.segments // self.minibatch_segments
         self.device = torch.device(device)
@@ -116,6 +118,35 @@ class Experience:
         for key, column in self._columns[self._step]:
             column.copy_(step[key])
         self._step += 1
+
+
+def check_fits(spec: Spec, state_spec: Spec, segments: int, bptt_horizon: int, device: torch.device | str) -> None:
+    """Refuse a buffer larger than the memory free on ``device`` before allocating it: an allocation the operating
+    system grants lazily would otherwise end in the out-of-memory killer, not in a message."""
+    step = sum(math.prod(shape) * dtype.itemsize for shape, dtype in spec.values())
+    row = sum(math.prod(shape) * dtype.itemsize for shape, dtype in state_spec.values())
+    needed = segments * (bptt_horizon * step + row)
+    free = free_memory(torch.device(device))
+    if free is not None and needed > free:
+        raise ConfigError(
+            f"experience.batch_size={segments * bptt_horizon:,}: the buffer needs {needed / 2**30:.1f} GiB "
+            f"({step} bytes per agent step) and {free / 2**30:.1f} GiB are free on {device}; lower "
+            "experience.batch_size"
+        )
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (a CPU's MemAvailable on Linux), or None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_size: int) -> tuple[int, int]:

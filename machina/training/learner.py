@@ -17,15 +17,19 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import distributed, keys
+from machina import distributed, keys, saved_state
 from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
+from machina.saved_state import within
 from machina.training.advantage import agent_major, compute_advantages, segment_major
 from machina.training.experience import Experience
 from machina.training.graphed_update import GraphedUpdate
+
+# Optimizer state entries that are never negative (step counts, second moments): a negative one makes NaN weights.
+NONNEGATIVE = ("step", "exp_avg_sq", "max_exp_avg_sq")
 
 
 class Learner:
@@ -96,6 +100,7 @@ class Learner:
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
         self.source = experience.buffer  # what the minibatches are drawn from (prepare)
+        self.trained_at: Progress | None = None  # the schedule of the last update (loss_check)
         if compile or graph is not None:
             # The scheduled learning rate lives in a tensor the compiled or captured optimizer step reads: a Python
             # float would be a constant of its graph (recompiled every epoch, or frozen in a CUDA graph).
@@ -113,11 +118,33 @@ class Learner:
     def load_state_dict(self, saved: dict) -> None:
         """Restore the optimizer's state (moment estimates, step counts) but keep this run's hyper-parameters (lr,
         eps, betas, weight decay: every param_group entry but ``params``): the configured values win, so a changed
-        ``optimizer.lr`` takes effect on resume."""
+        ``optimizer.lr`` takes effect on resume. The saved state is checked first (``check_optimizer_state``)."""
+        check_optimizer_state(self.optimizer, saved["optimizer"])
         settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(saved["optimizer"])
         for group, fresh in zip(self.optimizer.param_groups, settings, strict=True):
             group.update(fresh)
+
+    def loss_check(self) -> dict[str, float]:
+        """The enabled losses' ``loss_*`` terms with the current weights, on the buffer's first ``minibatch_segments``
+        rows (uniform weights) and at the schedule of the last update (``trained_at``): what ``Checkpointer.save``
+        reads, once per checkpoint, before it calls the weights good. Empty before the first update. It changes
+        nothing: no gradient, the run's RNG forked, the policy itself (not its DDP wrapper, which would sync
+        buffers), and one host read."""
+        if self.trained_at is None:
+            return {}
+        exp = self.experience
+        rows = torch.arange(exp.minibatch_segments, device=exp.device)
+        devices = [exp.device] if exp.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            stored = self.source[rows]
+            minibatch = stored.copy()
+            minibatch[keys.ADVANTAGES] = self._advantages(exp.buffer)[rows]
+            minibatch[keys.PRIO_WEIGHTS] = self._ones
+            policy_out = self.policy(training_input(stored, exp.row_state[rows]))
+            _, _, metrics, _ = self._losses(minibatch, policy_out, self.trained_at)
+        terms = {name: value for name, value in metrics.items() if "/loss_" in name}
+        return dict(zip(terms, torch.stack(list(terms.values())).float().tolist(), strict=True))
 
     def run(self, progress: Progress) -> None:
         """Train on the full buffer: ``prepare`` then ``update``."""
@@ -134,6 +161,7 @@ class Learner:
         """``update_epochs`` passes of minibatches over ``prepare``'s buffer; no host read (but ``target_kl``'s)."""
         exp, sw = self.experience, self.stopwatch
         buffer, source = exp.buffer, self.source
+        self.trained_at = progress
         multiplier = self.lr_schedule(progress.fraction)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             if isinstance(group["lr"], torch.Tensor):
@@ -291,6 +319,43 @@ class Learner:
                 host[name] = value
         self.sums, self.once, self.minibatches = {}, {}, 0
         return device, host
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Refuse saved optimizer state that ``optimizer`` could not step from, naming the entry (ConfigError): its groups
+    must list as many parameter ids as this optimizer's, each id once; each parameter's state must be empty or hold
+    exactly the entries a fresh step of this optimizer makes, floating point and finite, of the parameter's shape (or
+    0-d where the fresh one is: a step count), and >= 0 for ``NONNEGATIVE`` entries."""
+    groups, state = saved["param_groups"], saved["state"]
+    counts, own = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
+    if counts != own:
+        raise ConfigError(f"optimizer.param_groups hold {counts} parameters, this policy's optimizer {own}")
+    ids = [index for group in groups for index in group["params"]]
+    if len(set(ids)) != len(ids) or not set(state) <= set(ids):
+        raise ConfigError("optimizer.param_groups do not list each parameter of optimizer.state once")
+    for saved_group, group in zip(groups, optimizer.param_groups, strict=True):
+        fresh = fresh_state(optimizer, group)
+        for index, param in zip(saved_group["params"], group["params"], strict=True):
+            entries = state.get(index, {})
+            if entries and set(entries) != set(fresh):
+                raise ConfigError(f"optimizer.state.{index} holds {sorted(entries)}, expected {sorted(fresh)}")
+            for key, value in entries.items():
+                if not value.is_floating_point():
+                    raise ConfigError(f"optimizer.state.{index}.{key} has dtype {value.dtype}, not a floating one")
+                shape = tuple(param.shape) if fresh[key].dim() else ()
+                with within(f"optimizer.state.{index}."):
+                    saved_state.tensor(entries, key, shape, value.dtype, 0 if key in NONNEGATIVE else None)
+
+
+def fresh_state(optimizer: torch.optim.Optimizer, group: dict) -> dict[str, torch.Tensor]:
+    """The state one step of a throwaway ``type(optimizer)`` with ``group``'s settings makes for a parameter of shape
+    [2]: which entries a parameter's state holds, and which of them are 0-d."""
+    first = group["params"][0]
+    probe = torch.zeros(2, dtype=first.dtype, device=first.device, requires_grad=True)
+    probe.grad = torch.zeros_like(probe)
+    throwaway = type(optimizer)([{**group, "params": [probe]}])
+    throwaway.step()
+    return throwaway.state[probe]
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,14 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import keys
+from machina import keys, saved_state
+from machina.errors import ConfigError
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
+from machina.saved_state import within
 from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
-from machina.training.state import pack, unpack
+from machina.training.state import pack
 
 # What every stored step takes from the env's output for the action it executed.
 OUTCOME_KEYS = (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED)
@@ -98,22 +100,28 @@ class Rollout:
         return {"step": pack(self.step_td), "state": pack(self.state)}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Continue from ``saved`` (after the env's own ``load_state_dict``). Keys the env emits now but did not then
-        (a teacher switched on by a loss added on resume) come from the env's current observation. An env that
-        started new episodes on load (``continues_episodes`` False) is acted on from its first observations with
-        fresh recurrent state: the saved ones belong to episodes that no longer exist."""
+        """Continue from ``saved`` (after the env's own ``load_state_dict``). The observation keys come from the
+        restored env (``observe``): an env's observation is a function of its state, which the env checked on load,
+        so no saved observation reaches the policy unchecked. The checkpoint gives only what the env does not hold:
+        each agent's ``EPISODE_START`` (0 or 1) and recurrent state (this policy's keys, shapes and dtypes, finite).
+        An env that started new episodes on load (``continues_episodes`` False) is acted on from its first
+        observations with fresh recurrent state: the saved ones belong to episodes that no longer exist."""
+        observed = self._observed(self.env.observe())
         if not self.env.continues_episodes:
-            self.live.update_(self._observed(self.env.observe()))
+            self.live.update_(observed)
             self.live.update_(self.policy.initial_state(self.num_agents, self.device))
             return
-        step = unpack(saved["step"], self.device)
-        missing = [key for key in self.step_td.keys() if key not in step.keys()]
-        if missing:
-            current = self.env.observe()
-            for key in missing:
-                step[key] = current[key]
-        self.live.update_(step.select(*self.step_td.keys()))
-        self.live.update_(unpack(saved["state"], self.device))
+        start = self.live[keys.EPISODE_START]
+        with within("step.tensors."):
+            starts = saved_state.tensor(saved["step"]["tensors"], keys.EPISODE_START, start.shape, start.dtype, 0, 1)
+        if not bool(((starts == 0) | (starts == 1)).all()):
+            raise ConfigError(f"step.tensors.{keys.EPISODE_START} holds values other than 0 and 1")
+        live_state = {key: self.live[key] for key in self.state_keys}
+        state = saved_state.like(saved["state"]["tensors"], live_state, "state.tensors")
+        observed[keys.EPISODE_START] = starts
+        self.live.update_(observed)
+        for key, value in state.items():
+            self.live[key].copy_(value)
 
     def run(self, progress: Progress) -> int:
         """Fill the buffer; return the number of agent steps taken.

@@ -1,16 +1,23 @@
 """Plain-data snapshots of live training state: RNGs and TensorDicts.
 
 Everything here returns dicts, lists, numbers and tensors only, so a checkpoint made of them loads with
-``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back, and ``nonfinite`` says whether
-one is fit to be saved.
+``torch.load(weights_only=True)``; the matching ``restore_*`` / ``unpack`` put it back, ``check_rng`` refuses RNG
+states read from a file that ``restore_rng`` could not set, and ``nonfinite`` says whether one is fit to be saved.
 """
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+from machina import saved_state
+from machina.errors import ConfigError
+from machina.saved_state import within
+
+MT_WORDS = 624  # words of a Mersenne Twister state (numpy's and python's RNGs)
 
 
 def pack(td: TensorDict) -> dict[str, Any]:
@@ -43,6 +50,55 @@ def restore_rng(rng: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     p = rng["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def check_rng(rng: Any) -> None:
+    """Refuse, naming the entry, RNG states (as ``capture_rng`` makes them) that ``restore_rng`` could not set: each
+    is first set on a throwaway generator of its kind, which checks it without touching the run's own."""
+    rng = saved_state.mapping(rng, "rng", ("torch", "cuda", "numpy", "python"))
+    with within("rng."):
+        cpu = saved_state.tensor(rng, "torch", tuple(torch.get_rng_state().shape), torch.uint8)
+        _settable("torch", torch.Generator().set_state, cpu)
+        cuda = rng["cuda"]
+        if not isinstance(cuda, list) or not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda):
+            raise ConfigError(f"cuda is {saved_state.describe(cuda)}, not a list of uint8 tensors")
+        if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():  # else restore_rng skips them
+            for i, state in enumerate(cuda):
+                _settable(f"cuda[{i}]", torch.Generator(f"cuda:{i}").set_state, state)
+        _check_numpy(saved_state.mapping(rng["numpy"], "numpy", ("key", "pos", "has_gauss", "gauss")))
+        _check_python(saved_state.mapping(rng["python"], "python", ("version", "state", "gauss_next")))
+
+
+def _check_numpy(n: dict[str, Any]) -> None:
+    with within("numpy."):
+        key = saved_state.tensor(n, "key", (MT_WORDS,), torch.int64, 0, 2**32 - 1)
+        pos = saved_state.integer(n["pos"], "pos", 0, MT_WORDS)
+        has_gauss = saved_state.integer(n["has_gauss"], "has_gauss", 0, 1)
+        if type(n["gauss"]) is not float:
+            raise ConfigError(f"gauss is {saved_state.describe(n['gauss'])}, not a float")
+        state = ("MT19937", key.numpy().astype(np.uint32), pos, has_gauss, n["gauss"])
+        _settable("key", np.random.RandomState().set_state, state)
+
+
+def _check_python(p: dict[str, Any]) -> None:
+    with within("python."):
+        saved_state.integer(p["version"], "version", 3, 3)
+        words = p["state"]
+        if not isinstance(words, list) or len(words) != MT_WORDS + 1:
+            raise ConfigError(f"state is {saved_state.describe(words)}, not a list of {MT_WORDS + 1} integers")
+        for i, word in enumerate(words):
+            saved_state.integer(word, f"state[{i}]", 0, 2**32 - 1 if i < MT_WORDS else MT_WORDS)
+        if p["gauss_next"] is not None and type(p["gauss_next"]) is not float:
+            raise ConfigError(f"gauss_next is {saved_state.describe(p['gauss_next'])}, not a float or None")
+        _settable("state", random.Random().setstate, (3, tuple(words), p["gauss_next"]))
+
+
+def _settable(name: str, set_state: Callable[[Any], Any], state: Any) -> None:
+    """``set_state(state)`` on a throwaway generator; its refusal becomes a ConfigError naming ``name``."""
+    try:
+        set_state(state)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ConfigError(f"{name} is not a valid generator state ({' '.join(str(err).split())[:120]})") from None
 
 
 def nonfinite(tree: Any, prefix: str = "") -> list[str]:

@@ -9,8 +9,13 @@ log = logging.getLogger(__name__)
 
 class StopSignals:
     """Within the ``with`` block, the first SIGINT or SIGTERM only records ``signum`` (the trainer checkpoints at
-    the end of the epoch and stops); the previous handlers are back from then on, so a second signal acts at once.
-    Only the main thread can install handlers; elsewhere signals keep their usual effect."""
+    the end of the epoch and stops); from then on a second signal acts at once: SIGINT raises KeyboardInterrupt and
+    SIGTERM terminates, whatever the process inherited (a background job of a non-interactive shell starts with
+    SIGINT ignored, and restoring that would make the second Ctrl-C do nothing). The previous handlers are back
+    after the block. Only the main thread can install handlers; elsewhere signals keep their usual effect."""
+
+    # What a second signal does.
+    AT_ONCE = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -28,7 +33,8 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
-        self._restore()
+        for sig, handler in self.AT_ONCE.items():
+            signal.signal(sig, handler)
         log.warning(
             "%s: finishing epoch, then checkpointing and stopping (Ctrl-C again abandons the epoch)",
             signal.Signals(signum).name,

@@ -13,6 +13,7 @@ from machina import distributed
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
+from machina.saved_state import within
 from machina.training.checkpoint import Checkpointer
 from machina.training.curriculum import Curriculum
 from machina.training.epoch_metrics import buffer_metrics, episode_metrics, summarize
@@ -55,9 +56,9 @@ class Trainer:
 
     Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
     logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses non-finite
-    optimizer state). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the current epoch finish, checkpoints it and
-    raises ``Interrupted``; a second SIGINT abandons the epoch at once (the last checkpoint is kept) and a second
-    SIGTERM kills the process.
+    optimizer state, and weights whose losses are not finite). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
+    current epoch finish, checkpoints it and raises ``Interrupted``; a second SIGINT abandons the epoch at once (the
+    last checkpoint is kept) and a second SIGTERM kills the process.
     """
 
     def __init__(
@@ -127,7 +128,14 @@ class Trainer:
         }
 
     def load_state_dict(self, saved: dict) -> None:
-        self.learner.load_state_dict(saved["learner"])
+        """Restore a ``state_dict`` whose types ``checkpoint_schema`` checked; every history row must hold the
+        ``SUMMARY_KEYS`` the run summary reads."""
+        for index, row in enumerate(saved["history"]):
+            missing = [key for key in SUMMARY_KEYS if key not in row]
+            if missing:
+                raise ConfigError(f"history[{index}] lacks {', '.join(missing)}")
+        with within("learner."):
+            self.learner.load_state_dict(saved["learner"])
         self.epoch, self.agent_step = saved["epoch"], saved["agent_step"]
         self.history = list(saved["history"])
 
@@ -141,12 +149,16 @@ class Trainer:
         }
 
     def load_local_state_dict(self, saved: dict) -> None:
-        """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh."""
-        self.env.load_state_dict(saved["env"])
-        self.rollout.load_state_dict(saved["rollout"])
+        """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh. Each part checks what
+        it restores; a ConfigError names the entry (``env.pos``)."""
+        with within("env."):
+            self.env.load_state_dict(saved["env"])
+        with within("rollout."):
+            self.rollout.load_state_dict(saved["rollout"])
         for name, loss in self.losses.items():
             if name in saved["losses"]:
-                loss.load_state_dict(saved["losses"][name])
+                with within(f"losses.{name}."):
+                    loss.load_state_dict(saved["losses"][name])
 
     @property
     def progress(self) -> Progress:

@@ -1,0 +1,147 @@
+"""A run folder's history, and the one decision of where a start in that folder continues from.
+
+History is what a run leaves as it trains: ``checkpoints/checkpoint_<epoch>.pt``, ``checkpoints/policy_<epoch>.pt``,
+the rows of ``metrics.jsonl`` and ``replays/replay_<epoch>.gif``. It is append-only:
+
+- ``resume=null`` continues the folder's latest checkpoint (a rerun of a killed command). A folder with history and
+  no checkpoint (someone deleted them to save space) is not started over: that is refused, with the command that
+  starts the same run in a new folder.
+- ``resume=`` one of the folder's own checkpoints continues from it, older ones included (a rewind).
+- ``resume=`` a checkpoint from elsewhere starts this folder from it, only when the folder has no history.
+- Whatever the folder holds after the epoch a start continues from (the epochs of an abandoned future, rows of epochs
+  trained after the last checkpoint, a torn last row) is moved, never deleted, to ``rewound/after_epoch_<E>_<time>/``
+  once the start is accepted, and the log says where (``rewind``).
+"""
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from machina import metrics_file
+from machina.errors import ConfigError
+from machina.files import atomic_write
+from machina.training.checkpoint import checkpoints, named_checkpoint
+
+log = logging.getLogger(__name__)
+
+POLICY = re.compile(r"policy_(\d+)\.pt")
+REPLAY = re.compile(r"replay_(\d+)\.gif")
+METRICS = "metrics.jsonl"
+REWOUND = "rewound"
+
+
+@dataclass
+class History:
+    """What ``run_dir`` holds: ``(epoch, path)`` per file kind, oldest first, and the lines of metrics.jsonl."""
+
+    run_dir: Path
+    checkpoints: list[tuple[int, Path]] = field(default_factory=list)
+    policies: list[tuple[int, Path]] = field(default_factory=list)
+    replays: list[tuple[int, Path]] = field(default_factory=list)
+    lines: list[metrics_file.Line] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "History":
+        run_dir = Path(run_dir)
+        return cls(
+            run_dir,
+            checkpoints(run_dir / "checkpoints"),
+            numbered(run_dir / "checkpoints", POLICY),
+            numbered(run_dir / "replays", REPLAY),
+            metrics_file.read_lines(run_dir / METRICS),
+        )
+
+    def summary(self) -> list[str]:
+        """What the history holds, in a few words per kind (empty when there is none)."""
+        rows = sum(line.row is not None for line in self.lines)
+        held = [f"{METRICS} ({rows} rows)"] if self.lines else []
+        held += [path.name for _, path in (self.checkpoints + self.policies)[-3:]]
+        held += [f"{len(self.replays)} replays"] if self.replays else []
+        return held
+
+
+def numbered(folder: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of the regular files in ``folder`` whose name matches ``pattern``, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = ((pattern.fullmatch(p.name), p) for p in folder.iterdir())
+    return sorted((int(m.group(1)), p) for m, p in found if m and p.is_file())
+
+
+def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path | None:
+    """The checkpoint a start in ``run_dir`` continues from, or None for a fresh start (see the module docstring).
+
+    ``resume``: the ``resume=`` setting (a checkpoint file, a run folder or its checkpoints/ folder, or None).
+    ``new_folder_command``: the command that starts the same run in a new folder, for the refusal messages."""
+    history = History.read(run_dir)
+    if resume is None:
+        if history.checkpoints:
+            return history.checkpoints[-1][1]
+        held = history.summary()
+        if held:
+            raise ConfigError(
+                f"the run folder {str(run_dir)!r} holds a run's history ({', '.join(held)}) but no checkpoint_*.pt "
+                f"to continue it from, and a fresh start would overwrite it; to train anew and keep it, start in a new "
+                f"folder: {new_folder_command}; to continue it, put its checkpoints/checkpoint_*.pt back and rerun "
+                "this command"
+            )
+        return None
+    source = named_checkpoint("resume", resume)
+    own = (Path(run_dir) / "checkpoints").resolve()
+    if source.resolve().parent != own and history.summary():
+        raise ConfigError(
+            f"resume={str(source)!r} is another run's checkpoint and the run folder {str(run_dir)!r} already holds a "
+            f"run's history ({', '.join(history.summary())}); continuing there would mix the two runs: continue into "
+            f"a new folder: {new_folder_command}; or drop resume= to continue this folder's own run"
+        )
+    return source
+
+
+def rewind(run_dir: Path, epoch: int) -> Path | None:
+    """Move everything ``run_dir`` holds after ``epoch`` (files of later epochs, metrics rows of later epochs and
+    lines that are not rows) to ``rewound/after_epoch_<epoch>_<time>/``, keeping their names, and log what moved
+    where. Returns that folder, or None when nothing was after ``epoch``. Called once a start from ``epoch`` has
+    been accepted; writes the moved rows first, so a kill in between leaves them in both places, never in none."""
+    history = History.read(run_dir)
+    files = [p for e, p in history.checkpoints + history.policies + history.replays if e > epoch]
+    later = [line for line in history.lines if line.row is None or row_epoch(line.row) > epoch]
+    if not (files or later):
+        return None
+    archive = Path(run_dir) / REWOUND / f"after_epoch_{epoch:06d}_{time.strftime('%Y%m%d-%H%M%S')}"
+    archive.mkdir(parents=True, exist_ok=True)
+    if later:
+        moved = "".join(f"{line.text}\n" for line in later).encode("utf-8")
+        atomic_write(archive / METRICS, lambda f: f.write(moved))
+        moved_numbers = {line.number for line in later}
+        kept = "".join(f"{line.text}\n" for line in history.lines if line.number not in moved_numbers)
+        kept = kept.encode("utf-8")
+        atomic_write(Path(run_dir) / METRICS, lambda f: f.write(kept))
+    for path in files:
+        target = archive / path.parent.name / path.name
+        target.parent.mkdir(exist_ok=True)
+        os.replace(path, target)
+    torn = [line for line in later if line.row is None]
+    log.warning(
+        "continuing from epoch %d: what the folder held after it (%s) is moved to %s; nothing was deleted",
+        epoch,
+        ", ".join(
+            part
+            for part in (
+                f"{len(later) - len(torn)} {METRICS} rows" if len(later) > len(torn) else "",
+                f"{len(torn)} unreadable {METRICS} lines ({torn[0].problem})" if torn else "",
+                ", ".join(p.name for p in files[:4]) + (" ..." if len(files) > 4 else ""),
+            )
+            if part
+        ),
+        archive,
+    )
+    return archive
+
+
+def row_epoch(row: dict) -> float:
+    """A row's ``metric/epoch``; a row without a numeric one counts as after every epoch (it is moved)."""
+    epoch = row.get("metric/epoch")
+    return epoch if isinstance(epoch, int | float) and not isinstance(epoch, bool) else float("inf")

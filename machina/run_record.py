@@ -1,0 +1,163 @@
+"""What a command writes about itself in its run folder (``.hydra/`` and its log), written only once the command has
+been accepted, so a refused command leaves every folder as it was.
+
+Hydra would write ``.hydra/{config,hydra,overrides}.yaml`` and open ``<job>.log`` before the task function runs,
+that is before machina has checked anything: a refused second run on a busy folder would rewrite the first run's
+record. So conf/config.yaml and conf/eval.yaml set ``hydra.output_subdir: null`` (Hydra writes no ``.hydra/``) and
+``hydra.job_logging.handlers.file.delay: true`` (the log file is opened at its first record), and ``deferred()``
+holds the log records in memory until ``accept(folder)``. Then the record is written and the log file receives
+every record so far. Refused, the records go to the console only, and the folders Hydra made for the command (which
+``note_missing_folders`` saw absent before Hydra started) are removed again, with the lock file a refused run made.
+
+The record is append-only: the first accepted start of a folder writes ``.hydra/``; a later one (a resume) writes
+its own ``.hydra/resume_<epoch>/`` and leaves the first start's files as they are. In a multirun a refused job's
+folder keeps its record and log (the sweep's comparison lists the job as failed, with its error).
+"""
+
+import logging
+import logging.handlers
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from machina.files import atomic_write
+
+RECORD = ".hydra"
+LOCK = ".machina.lock"
+# Folders absent before Hydra started (set by ``note_missing_folders``, in the same process, before ``@hydra.main``).
+_missing: list[Path] = []
+_current: "Record | None" = None
+
+
+def note_missing_folders(folder: Path) -> None:
+    """Remember which of ``folder`` and its parents do not exist yet (deepest first): Hydra is about to make them,
+    and a refused command removes them again."""
+    _missing.clear()
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        _missing.append(folder)
+        folder = folder.parent
+
+
+class Record:
+    """The log records of one command held until it is accepted; see the module docstring.
+
+    Args:
+        cfg: the task's config as Hydra hands it to the task function (saved as ``.hydra/config.yaml``).
+    """
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.accepted = False
+        self.folder = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+        # The lock file's line names the run holding it; a refused run puts the line it found back.
+        lock = self.folder / LOCK if self.folder is not None else None
+        self.lock_line = lock.read_bytes() if lock is not None and lock.is_file() else None
+        root = logging.getLogger()
+        # Hydra's file handler (delay=True: not opened yet) receives the records once the command is accepted.
+        self.files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+        for handler in self.files:
+            root.removeHandler(handler)
+        self.memory = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+        root.addHandler(self.memory)
+
+    def accept(self, resumed_epoch: int | None = None) -> None:
+        """Write the record (``.hydra/``, or ``.hydra/resume_<epoch>/`` for a resume of a folder that has one) and
+        send the held log records, and every later one, to the log file."""
+        if self.accepted:
+            return
+        self.accepted = True
+        if self.folder is not None:
+            write_record(self.folder, self.cfg, resumed_epoch)
+        root = logging.getLogger()
+        root.removeHandler(self.memory)
+        for handler in self.files:
+            for held in self.memory.buffer:
+                if held.levelno >= handler.level:
+                    handler.handle(held)
+            root.addHandler(handler)
+        self.memory.buffer.clear()
+
+    def close(self, refused: bool) -> None:
+        """End the command: a refused single run leaves nothing behind; a multirun job keeps its record and log."""
+        if refused and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            self.accept()
+        root = logging.getLogger()
+        root.removeHandler(self.memory)
+        self.memory.buffer.clear()
+        for handler in self.files:
+            root.removeHandler(handler)
+            handler.close()
+        if refused and not self.accepted:
+            self.discard()
+
+    def discard(self) -> None:
+        """Undo what a command that was not accepted did: the lock file it made, or the line it wrote into one that
+        was there (rank 0 takes the lock), and the folders Hydra made."""
+        lock = self.folder / LOCK if self.folder is not None else None
+        if lock is not None and os.environ.get("RANK", "0") == "0":
+            if self.lock_line is None:
+                lock.unlink(missing_ok=True)
+            elif lock.is_file() and lock.read_bytes().startswith(f"PID {os.getpid()} ".encode()):  # still ours
+                with lock.open("r+b") as f:  # in place: the file (and the lock on it) is the same one
+                    f.write(self.lock_line)
+                    f.truncate()
+        for folder in _missing:
+            try:
+                folder.rmdir()  # only when empty: anything else in it is not ours to remove
+            except OSError:
+                break
+
+
+def write_record(folder: Path, cfg: DictConfig, resumed_epoch: int | None) -> None:
+    """Hydra's three record files for this command, in ``.hydra/`` or, when that exists, ``.hydra/resume_<epoch>``
+    (``_2``, ``_3``, ... for further starts at the same epoch)."""
+    target = folder / RECORD
+    if target.exists():
+        base = target / f"resume_{resumed_epoch or 0:06d}"
+        target, n = base, 1
+        while target.exists():
+            n += 1
+            target = base.with_name(f"{base.name}_{n}")
+    target.mkdir(parents=True)
+    hydra_cfg = HydraConfig.get()
+    files = {
+        "config.yaml": cfg,
+        "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
+        "overrides.yaml": OmegaConf.create(list(hydra_cfg.overrides.task)),
+    }
+    for name, node in files.items():
+        text = OmegaConf.to_yaml(node).encode("utf-8")
+        atomic_write(target / name, lambda f, text=text: f.write(text))
+
+
+@contextmanager
+def deferred(cfg: DictConfig) -> Iterator[Record]:
+    """Hold this command's record and log until ``accept()``; see the module docstring."""
+    global _current
+    record = _current = Record(cfg)
+    refused = True
+    try:
+        yield record
+        refused = False
+    finally:
+        _current = None
+        record.close(refused)
+
+
+def accept(resumed_epoch: int | None = None) -> None:
+    """Accept the current command (``deferred``): from here on it may write its run folder. Outside ``deferred``
+    (a test calling ``machina.run.train`` directly) nothing is held and this does nothing."""
+    if _current is not None:
+        _current.accept(resumed_epoch)
+
+
+def discard_unused(folder: Path) -> None:
+    """Under torchrun, a rank other than 0 runs in rank 0's folder: remove the folder Hydra made for it alone."""
+    if _current is not None and _current.folder is not None and _current.folder.resolve() != Path(folder).resolve():
+        _current.discard()
