@@ -3,9 +3,10 @@
 History is what a run leaves as it trains: ``checkpoints/checkpoint_<epoch>.pt``, ``checkpoints/policy_<epoch>.pt``,
 the rows of ``metrics.jsonl`` and ``replays/replay_<epoch>.gif``. It is append-only:
 
-- ``resume=null`` continues the folder's latest checkpoint (a rerun of a killed command). A folder with history and
-  no checkpoint (someone deleted them to save space) is not started over: that is refused, with the command that
-  starts the same run in a new folder.
+- ``resume=null`` continues the folder's latest checkpoint (a rerun of a killed command), or starts over when the
+  run was killed before its first checkpoint (its rows are moved aside, below). A folder with policy files and no
+  checkpoint (someone deleted the checkpoints to save space) is not started over: that is refused, with the command
+  that starts the same run in a new folder.
 - ``resume=`` one of the folder's own checkpoints continues from it, older ones included (a rewind).
 - ``resume=`` a checkpoint from elsewhere starts this folder from it, only when the folder has no history.
 - Whatever the folder holds after the epoch a start continues from (the epochs of an abandoned future, rows of epochs
@@ -80,7 +81,9 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
     if resume is None:
         if history.checkpoints:
             return history.checkpoints[-1][1]
-        held = history.summary()
+        # Policy files are written with every checkpoint: with them and no checkpoint, the checkpoints were deleted.
+        # Rows alone are a run killed before its first checkpoint: it starts over, its rows moved aside (rewind).
+        held = history.summary() if history.policies else []
         if held:
             raise ConfigError(
                 f"the run folder {str(run_dir)!r} holds a run's history ({', '.join(held)}) but no checkpoint_*.pt "
@@ -125,7 +128,7 @@ def rewind(run_dir: Path, epoch: int) -> Path | None:
         os.replace(path, target)
     torn = [line for line in later if line.row is None]
     log.warning(
-        "continuing from epoch %d: what the folder held after it (%s) is moved to %s; nothing was deleted",
+        "starting from epoch %d: what the folder held after it (%s) is moved to %s; nothing was deleted",
         epoch,
         ", ".join(
             part

@@ -84,7 +84,8 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resum
         run_record.accept(trainer.epoch if checkpoint else None)
         if checkpoint:
             log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
-            history.rewind(run_dir, trainer.epoch)
+        history.rewind(run_dir, trainer.epoch)  # what the folder holds after this start's epoch moves aside
+        if checkpoint:
             checkpointer.latest = resume_from if resume_from.exists() else None
         checkpointer.prepare()
         prepare_run_dir(run_dir, resolved)

@@ -78,6 +78,21 @@ def test_rows_trained_after_the_last_checkpoint_and_a_torn_row_are_kept_on_resum
     assert "unreadable metrics.jsonl lines" in caplog.text and str(archive) in caplog.text
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_over_and_keeps_its_rows(tmp_path, caplog):
+    """Rows but no checkpoint and no policy file (killed before trainer.checkpoint_interval epochs): rerunning the
+    command starts over, as the README promises, and the killed run's rows move aside instead of vanishing."""
+    run(tmp_path, "trainer.checkpoint_interval=0", epochs=2)
+    for path in (tmp_path / "checkpoints").iterdir():
+        path.unlink()
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    run(tmp_path, "trainer.checkpoint_interval=0", epochs=1)
+    (archive,) = (tmp_path / "rewound").iterdir()
+    assert archive.name.startswith("after_epoch_000000_")
+    assert (archive / "metrics.jsonl").read_text().splitlines() == rows
+    assert epochs(tmp_path) == [1]
+    assert "starting from epoch 0" in caplog.text
+
+
 @pytest.mark.slow
 def test_the_printed_resume_command_of_a_resumed_run_continues_its_latest_checkpoint(tmp_path):
     """The README's resume example, then Ctrl-C: the printed command has no resume=, and following it continues from
