@@ -47,9 +47,11 @@ TEACHER_VALUES = "teacher_values"  # float32 [N]
 STUDENT_MASK = "student_mask"  # bool [N]
 TEACHER_MASK = "teacher_mask"  # bool [N]
 PPO_MASK = "ppo_mask"  # bool [N]
+# bool [N]: the agent executed the teacher's action (supervisor's teacher-led steps); PPO's policy terms skip it.
+TEACHER_LED = "teacher_led"
 
 # Written back by the learner.
-RATIO = "ratio"  # float32 [B, T]: pi_new / pi_old of the last training pass, written back for V-trace
+RATIO = "ratio"  # float32 [B, T]: pi / pi_old; V-trace reads it, refreshed from the current policy at each pass
 
 # Where the policy writes the state that follows each state key.
 NEXT_STATE = {HIDDEN: NEXT_HIDDEN, CELL: NEXT_CELL}

@@ -143,3 +143,74 @@ def test_every_step_gets_an_advantage_and_every_reward_enters_one():
     want = gae_reference(traj(values), traj(rewards.detach()), traj(ended), traj(no), zeros, last, GAMMA, LAM)
     torch.testing.assert_close(adv.detach(), segment_major(want, segments), rtol=0, atol=1e-6)
     assert (adv[:, -1] != 0).all()  # the last step of every segment has a real advantage
+
+
+def test_a_step_both_terminated_and_truncated_bootstraps_from_zero():
+    """Gymnasium: terminated means the MDP ended (no future value), truncated that it was cut short; a step flagged
+    both ended the MDP, so its target is r_t alone, whatever V(final observation) the rollout recorded for it."""
+    values = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    rewards = torch.tensor([[0.5, 1.0, 2.0]], dtype=torch.float64)
+    both = torch.tensor([[False, True, False]])
+    final = torch.tensor([[0.0, 4.95, 0.0]], dtype=torch.float64)
+    last = torch.tensor([4.0], dtype=torch.float64)
+    ones = torch.ones(1, 3, dtype=torch.float64)
+    adv = compute_advantages(values, rewards, both, both, final, last, ones, 0.5, 1.0)
+    # t=1: target r_1 = 1, so A_1 = 1 - V(x_1) = -1. t=2: 2 + 0.5 * 4 - 3 = 1. t=0: 0.5 + 0.5 * 2 - 1 + 0.5 * A_1.
+    assert adv.tolist() == [[0.5 + 0.5 * -1.0, -1.0, 1.0]]
+    assert (adv + values)[0, 1].item() == 1.0  # the V-trace target of the doubly flagged step is its reward
+    # The same steps, V-trace at ratio != 1: the doubly flagged step's delta is rho_1 * (r_1 - V(x_1)).
+    ratio = torch.tensor([[0.5, 0.8, 1.5]], dtype=torch.float64)
+    adv = compute_advantages(values, rewards, both, both, final, last, ratio, 0.5, 1.0)
+    assert adv[0, 1].item() == pytest.approx(0.8 * (1.0 - 2.0))
+
+
+def vtrace_with_episode_ends(values, rewards, terminated, truncated, final, last, ratio, gamma, lam, rho_bar, c_bar):
+    """Espeholt et al. 2018, eq. 1, one agent and one step at a time, in float64:
+    v_s = V(x_s) + sum_{t>=s} gamma^{t-s} (prod_{i=s}^{t-1} c_i) rho_t delta_t, delta_t = r_t + gamma V(x_{t+1})
+    - V(x_t), rho_t = min(rho_bar, ratio_t), c_i = lambda min(c_bar, ratio_i); the sum stops at the episode's end
+    (or the rollout's), V(x_{t+1}) is 0 after a termination (also when truncated too), V(final observation) after a
+    truncation alone, the rollout's last value after its last step. Returns v_s - V(x_s)."""
+    n, length = values.shape
+    out = torch.zeros(n, length, dtype=torch.float64)
+    for i in range(n):
+        for s in range(length):
+            total, trace = 0.0, 1.0
+            for t in range(s, length):
+                if terminated[i, t]:
+                    nxt = 0.0
+                elif truncated[i, t]:
+                    nxt = float(final[i, t])
+                else:
+                    nxt = float(values[i, t + 1]) if t + 1 < length else float(last[i])
+                delta = float(rewards[i, t]) + gamma * nxt - float(values[i, t])
+                total += gamma ** (t - s) * trace * min(rho_bar, float(ratio[i, t])) * delta
+                if terminated[i, t] or truncated[i, t]:
+                    break
+                trace *= lam * min(c_bar, float(ratio[i, t]))
+            out[i, s] = total
+    return out
+
+
+@pytest.mark.parametrize(("rho_bar", "c_bar", "lam"), [(1.0, 1.0, 1.0), (1.0, 0.8, LAM), (2.0, 0.5, LAM)])
+def test_vtrace_with_current_policy_ratios_and_episode_ends_matches_the_papers_sum(rho_bar, c_bar, lam):
+    """Ratios pi/mu from two categorical policies (mu acted, pi is current), episodes that terminate, truncate, or
+    both; the float32 computation against the float64 sum."""
+    values, rewards, terminated, truncated, final, last = random_trajectories(n=3, length=20, seed=7)
+    g = torch.Generator().manual_seed(8)
+    terminated[0, 5] = truncated[0, 5] = True  # both: terminal wins
+    final[0, 5] = 4.95
+    mu_logits = torch.randn(*values.shape, 5, generator=g, dtype=torch.float64)
+    pi_logits = mu_logits + 0.5 * torch.randn(*values.shape, 5, generator=g, dtype=torch.float64)
+    actions = torch.multinomial(mu_logits.softmax(-1).view(-1, 5), 1, generator=g).view(*values.shape, 1)
+    log_mu = mu_logits.log_softmax(-1).gather(-1, actions).squeeze(-1)
+    log_pi = pi_logits.log_softmax(-1).gather(-1, actions).squeeze(-1)
+    ratio = (log_pi - log_mu).exp()
+    assert (ratio > c_bar).any() and (ratio < min(c_bar, rho_bar)).any()  # the clips matter
+    f32 = [x.float() for x in (values, rewards)]
+    got = compute_advantages(
+        *f32, terminated, truncated, final.float(), last.float(), ratio.float(), GAMMA, lam, rho_bar, c_bar
+    )
+    want = vtrace_with_episode_ends(
+        values, rewards, terminated, truncated, final, last, ratio, GAMMA, lam, rho_bar, c_bar
+    )
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)

@@ -165,3 +165,86 @@ def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
     # amplifies rounding in near-zero gradients; 1e-5 is 1% of one Adam step (lr 1e-3), a wrong cut moves ~1e-3.
     for (name, a), b in zip(full.policy.named_parameters(), cut.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs when trained on compacted tokens")
+
+
+def record_advantage_inputs(monkeypatch, trainer):
+    """Spy on the learner's advantage computation: per call, the ratios it is given (agent-major, cloned) and a copy
+    of the policy's weights at that moment (the policy the advantages are for)."""
+    import copy
+
+    import machina.training.learner as learner_module
+
+    calls = []
+    real = learner_module.compute_advantages
+
+    def spy(*args, **kwargs):
+        calls.append((args[6].clone(), copy.deepcopy(trainer.policy.state_dict())))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(learner_module, "compute_advantages", spy)
+    return calls
+
+
+def count_policy_forwards(policy):
+    forwards = []
+    policy.register_forward_hook(lambda *_: forwards.append(1))
+    return forwards
+
+
+def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previous_pass(monkeypatch):
+    """V-trace's rho_t = pi(a_t|x_t) / mu(a_t|x_t) with pi the current policy: the second pass's advantages must use
+    the ratios of the policy as pass 1 left it, which this test computes itself (a fresh forward of the stored steps
+    with pass 1's final weights, against the stored log-probs of the acting policy)."""
+    from machina.policy.inputs import training_input
+    from machina.training.advantage import agent_major
+
+    trainer = make_trainer(["learner.update_epochs=2", "optimizer.lr=0.01", "system.threads=1"])
+    exp = trainer.experience
+    assert exp.num_minibatches > 1  # so ratios recorded during pass 1 come from several policies
+    calls = record_advantage_inputs(monkeypatch, trainer)
+    forwards = count_policy_forwards(trainer.policy)
+    trainer.rollout.run(trainer.progress)
+    forwards.clear()
+    trainer.learner.run(trainer.progress)
+    assert len(calls) == 2
+    first, _ = calls[0]
+    assert torch.equal(first, torch.ones_like(first))  # pass 1: the policy that acted
+    used, after_pass_1 = calls[1]
+    reference = make_trainer(["system.threads=1"]).policy
+    reference.load_state_dict(after_pass_1)
+    with torch.no_grad():
+        out = reference(training_input(exp.buffer, exp.row_state))
+    want = agent_major((out[keys.ACT_LOG_PROB].double() - exp.buffer[keys.ACT_LOG_PROB].double()).exp(), exp.num_agents)
+    assert (want - 1).abs().max() > 1e-2  # the policy moved in pass 1, so a stale ratio would be caught
+    torch.testing.assert_close(used.double(), want, rtol=0, atol=1e-5)
+    # The cost: one no-grad forward of the buffer per pass after the first, in minibatch-sized blocks.
+    assert len(forwards) == 2 * exp.num_minibatches + exp.segments // exp.minibatch_segments
+
+
+def test_a_single_update_pass_uses_ratio_one_and_no_extra_forward(monkeypatch):
+    trainer = make_trainer(["learner.update_epochs=1", "optimizer.lr=0.01"])
+    calls = record_advantage_inputs(monkeypatch, trainer)
+    forwards = count_policy_forwards(trainer.policy)
+    trainer.rollout.run(trainer.progress)
+    forwards.clear()
+    trainer.learner.run(trainer.progress)
+    assert len(calls) == 1 and torch.equal(calls[0][0], torch.ones_like(calls[0][0]))
+    assert len(forwards) == trainer.experience.num_minibatches
+
+
+def test_refreshing_the_ratios_makes_no_host_read_and_no_tensor_from_python_data():
+    """The per-pass ratio refresh (update_epochs > 1) keeps the update's rules: no Python-level host read and no
+    tensor made from Python data."""
+    from machina.benchmarks.host_reads import count_host_reads
+
+    trainer = make_trainer(["learner.update_epochs=2", "experience/sampler=prioritized"])
+    trainer.rollout.run(trainer.progress)
+    trainer.learner.run(trainer.progress)  # warm-up: optimizer state
+    trainer.rollout.run(trainer.progress)
+    trainer.learner.prepare()
+    syncs: list[str] = []
+    calls: list[str] = []
+    with count_host_reads(syncs), count_tensor_constructions(calls):
+        trainer.learner.update(trainer.progress)
+    assert syncs == [] and calls == []
+    assert trainer.learner.pop_metrics()[1]["train/update_passes"] == 2.0

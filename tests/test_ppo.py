@@ -142,3 +142,100 @@ def test_non_finite_or_negative_coefficients_are_refused():
     for bad in ({"ent_coef": float("nan")}, {"vf_coef": -1.0}, {"clip_coef": float("inf")}):
         with pytest.raises(ValueError, match="losses.ppo"):
             PPOLoss(**bad)
+
+
+def test_teacher_led_rows_are_left_out_of_the_policy_terms_only():
+    """Rows marked ``TEACHER_LED`` were not sampled from pi_old: the surrogate, advantage normalisation, approx_kl
+    and clipfrac are those of plain PPO on the other rows; value loss and entropy keep every row."""
+    adv = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[1.5, 0.9, 1.1, 0.5]]))
+    values, entropy = torch.tensor([[0.3, -0.1, 2.0, 1.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    led = torch.tensor([[False, True, False, True]])
+    loss = PPOLoss(norm_adv=True, ent_coef=0.1)
+    mb = batch(adv, old, torch.zeros(1, 4))
+    mb[keys.TEACHER_LED] = led
+    terms = loss(mb, out(new, values, entropy), PROGRESS)
+    keep = ~led[0]
+    sub = out(new[:, keep], values[:, keep], entropy[:, keep])
+    plain = loss(batch(adv[:, keep], old[:, keep], torch.zeros(1, 2)), sub, PROGRESS)
+    for name in ("loss_policy", "approx_kl", "clipfrac"):
+        torch.testing.assert_close(terms[name], plain[name])
+    everything = loss(batch(adv, old, torch.zeros(1, 4)), out(new, values, entropy), PROGRESS)
+    for name in ("loss_value", "loss_entropy", "value_clipfrac"):
+        torch.testing.assert_close(terms[name], everything[name])
+    # No teacher-led row: exactly plain PPO.
+    mb[keys.TEACHER_LED] = torch.zeros(1, 4, dtype=torch.bool)
+    none_led = loss(mb, out(new, values, entropy), PROGRESS)
+    for name, value in everything.items():
+        torch.testing.assert_close(none_led[name], value)
+
+
+def built_minibatch(proportion: float):
+    """experiment=debug with PPO and the supervisor leading ``proportion`` of the steps: the built parts after one
+    rollout, the first minibatch's rows with random advantages and a stored log-probability shifted so that the
+    ratios are far from 1 (clipped without a mask), and the policy's outputs on them."""
+    from machina.build import build
+    from machina.policy.inputs import training_input
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        ["experiment=debug", "losses=[ppo,supervisor]", f"losses.supervisor.teacher_led_proportion={proportion}"]
+    )
+    torch.manual_seed(0)
+    parts = build(cfg)
+    parts.rollout.run(Progress(0, cfg.trainer.total_timesteps))
+    exp = parts.experience
+    rows = slice(0, exp.minibatch_segments)
+    stored = exp.buffer[rows]
+    minibatch = stored.copy()
+    g = torch.Generator().manual_seed(1)
+    minibatch[keys.ADVANTAGES] = torch.randn(stored.batch_size, generator=g).to(exp.device)
+    minibatch[keys.PRIO_WEIGHTS] = torch.ones(stored.batch_size, device=exp.device)
+    shift = torch.rand(stored.batch_size, generator=g).to(exp.device) - 0.5
+    minibatch[keys.ACT_LOG_PROB] = stored[keys.ACT_LOG_PROB] + shift
+    policy_out = parts.policy(training_input(stored, exp.row_state[rows]))
+    return parts, stored, minibatch, policy_out
+
+
+def policy_gradient(parts, term: torch.Tensor) -> torch.Tensor:
+    params = [p for p in parts.policy.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+    return torch.cat(
+        [torch.zeros(p.numel()) if g is None else g.flatten().cpu() for p, g in zip(params, grads, strict=True)]
+    )
+
+
+def test_ppo_trains_no_policy_gradient_on_teacher_led_steps_of_the_supervisor():
+    """Every step teacher-led: the executed actions are the teacher's and PPO's policy term, its gradient, clipfrac
+    and approx_kl are zero (without the mark they are not: the check can fail); the value loss still trains."""
+    parts, stored, minibatch, policy_out = built_minibatch(1.0)
+    assert bool(stored[keys.TEACHER_LED].all())
+    assert torch.equal(stored[keys.ACTIONS], stored[keys.TEACHER_ACTIONS])
+    ppo = parts.losses["ppo"]
+    terms = ppo(minibatch, policy_out, PROGRESS)
+    assert float(terms["policy_loss"]) == 0.0 and float(terms["clipfrac"]) == 0.0 and float(terms["approx_kl"]) == 0.0
+    assert float(policy_gradient(parts, terms["loss_policy"]).abs().max()) == 0.0
+    assert float(policy_gradient(parts, terms["loss_value"]).abs().max()) > 0.0
+    unmarked = ppo(minibatch.exclude(keys.TEACHER_LED), policy_out, PROGRESS)
+    assert float(unmarked["clipfrac"]) > 0.0
+    assert float(policy_gradient(parts, unmarked["loss_policy"]).abs().max()) > 0.0
+
+
+def test_ppo_on_half_teacher_led_steps_is_plain_ppo_on_the_policy_led_ones():
+    parts, stored, minibatch, policy_out = built_minibatch(0.5)
+    led = stored[keys.TEACHER_LED]
+    assert 0.3 < float(led.float().mean()) < 0.7
+    ppo = parts.losses["ppo"]
+    terms = ppo(minibatch, policy_out, PROGRESS)
+    sampled = ~led
+    fresh = out(*(policy_out[key][sampled] for key in (keys.ACT_LOG_PROB, keys.VALUES, keys.ENTROPY)))
+    plain = ppo(minibatch.exclude(keys.TEACHER_LED)[sampled], fresh, PROGRESS)
+    for name in ("loss_policy", "clipfrac", "approx_kl"):
+        torch.testing.assert_close(terms[name], plain[name])
+    torch.testing.assert_close(
+        policy_gradient(parts, terms["loss_policy"]), policy_gradient(parts, plain["loss_policy"])
+    )
+    everything = ppo(minibatch.exclude(keys.TEACHER_LED), policy_out, PROGRESS)
+    torch.testing.assert_close(terms["loss_value"], everything["loss_value"])
+    torch.testing.assert_close(terms["loss_entropy"], everything["loss_entropy"])

@@ -66,9 +66,24 @@ def test_supervisor_teacher_led_agents_store_execute_and_train_on_the_teachers_a
     assert 0.25 < led.float().mean() < 0.35 and torch.all(step[keys.ACTIONS][~led] == 0)
     # The stored log-probability is the policy's log-probability of the action that will be executed.
     torch.testing.assert_close(step[keys.ACT_LOG_PROB], full.gather(-1, step[keys.ACTIONS].unsqueeze(-1)).squeeze(-1))
+    # ...which the policy did not sample: the step is marked for PPO to leave out of its policy terms.
+    assert torch.equal(step[keys.TEACHER_LED], led)
     quiet = rollout_step(4)
-    SupervisorLoss(teacher_led_proportion=0.0).on_rollout_step(quiet, PROGRESS)
+    never = SupervisorLoss(teacher_led_proportion=0.0)
+    never.on_rollout_step(quiet, PROGRESS)
     assert torch.all(quiet[keys.ACTIONS] == 0)
+    assert keys.TEACHER_LED not in quiet.keys() and keys.TEACHER_LED not in never.experience_spec(None)
+
+
+def test_supervisor_marks_no_step_once_its_schedule_reaches_zero():
+    """A schedule positive early stores ``TEACHER_LED`` for the whole run, all False where it is 0."""
+    loss = SupervisorLoss(teacher_led_proportion=Linear(start=1.0, end=0.0, end_step=100))
+    assert loss.experience_spec(None)[keys.TEACHER_LED] == ((), torch.bool)
+    early, late = rollout_step(8), rollout_step(8)
+    loss.on_rollout_step(early, Progress(0, 200))
+    loss.on_rollout_step(late, Progress(150, 200))
+    assert torch.all(early[keys.TEACHER_LED]) and torch.all(early[keys.ACTIONS] == 3)
+    assert not torch.any(late[keys.TEACHER_LED]) and torch.all(late[keys.ACTIONS] == 0)
 
 
 def test_schedule_anneals_the_coefficient():

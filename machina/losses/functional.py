@@ -40,8 +40,14 @@ def cloning_terms(
 
 def lead_with_teacher(step: TensorDict, led: torch.Tensor) -> None:
     """Make the agents in ``led`` (bool [N]) act as the teacher: their ``ACTIONS`` become ``TEACHER_ACTIONS`` and
-    their ``ACT_LOG_PROB`` the policy's log-probability of it (from ``FULL_LOG_PROBS`` [N, A]), so the env executes,
-    the buffer stores and PPO trains on the same action."""
+    their ``ACT_LOG_PROB`` the policy's log-probability of it (from ``FULL_LOG_PROBS`` [N, A]), so the env executes
+    and the buffer stores the same action.
+
+    The stored log-probability is not the behaviour's: the teacher chose that action (probability 1), the policy
+    did not sample it. PPO's ratio and clipping (Schulman et al. 2017) hold only for actions sampled from pi_old,
+    so the caller must mark these rows for PPO to leave out of its policy terms: the sliced scripted cloner keeps
+    them out of ``PPO_MASK``, the supervisor stores ``TEACHER_LED``. The value kept here is what the learner's
+    ``RATIO`` write-back (for V-trace) divides by."""
     teacher = step[keys.TEACHER_ACTIONS]
     teacher_log_prob = step[keys.FULL_LOG_PROBS].gather(-1, teacher.unsqueeze(-1)).squeeze(-1)
     step[keys.ACT_LOG_PROB] = torch.where(led, teacher_log_prob, step[keys.ACT_LOG_PROB])

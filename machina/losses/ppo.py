@@ -13,8 +13,19 @@ from machina.losses.functional import sample_mean
 
 class PPOLoss(Loss):
     """Reads minibatch ``ACT_LOG_PROB``, ``VALUES``, ``ADVANTAGES``, ``PRIO_WEIGHTS`` (and ``PPO_MASK`` when an
-    earlier loss restricts PPO to a slice of agents) and the policy's fresh ``ACT_LOG_PROB``, ``ENTROPY``,
-    ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of importance weight x term.
+    earlier loss restricts PPO to a slice of agents, ``TEACHER_LED`` when the supervisor stores it) and the policy's
+    fresh ``ACT_LOG_PROB``, ``ENTROPY``, ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of
+    importance weight x term.
+
+    Teacher-led rows (``TEACHER_LED``): the executed action was the teacher's, not a sample from pi_old, while the
+    ratio and clip below are defined for actions sampled from pi_old; so the policy terms (``loss_policy``, the
+    advantage normalisation, ``approx_kl``, ``clipfrac``) average over the rows that are in ``PPO_MASK`` and not
+    teacher-led (a float mask: no host read). The value loss and entropy keep every row of ``PPO_MASK``: the value
+    regression to R does not involve the behaviour's action probability, and the entropy bonus is the same whatever
+    action was taken. With GAE, R of any row is the return of the behaviour that acted (policy and teacher mixed),
+    teacher-led rows or not, so dropping them from the value loss would not make V the policy's value, only fit it
+    on fewer states. With V-trace, the truncated ratios of teacher-led rows use the stored pi_old(a_teacher) as if
+    pi_old had acted (see ``lead_with_teacher``), as before this mask.
 
     Terms (Schulman et al. 2017), with r = pi_new(a) / pi_old(a), A the advantages (normalised per minibatch to
     zero mean and unit std over the masked samples when ``norm_adv``) and R = A_raw + V_old the value targets:
@@ -47,6 +58,7 @@ class PPOLoss(Loss):
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
         weights = minibatch[keys.PRIO_WEIGHTS]
         mask = minibatch.get(keys.PPO_MASK, None)
+        policy_mask = policy_rows(mask, minibatch.get(keys.TEACHER_LED, None))
 
         def mean(x: torch.Tensor) -> torch.Tensor:
             return sample_mean(x, weights, mask)
@@ -55,12 +67,12 @@ class PPOLoss(Loss):
         old_values = minibatch[keys.VALUES]
         returns = advantages + old_values
         if self.norm_adv:
-            advantages = normalize(advantages, mask, self.all_reduce)
+            advantages = normalize(advantages, policy_mask, self.all_reduce)
 
         logratio = policy_out[keys.ACT_LOG_PROB] - minibatch[keys.ACT_LOG_PROB]
         ratio = logratio.exp()
         pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef))
-        policy_loss = mean(pg)
+        policy_loss = sample_mean(pg, weights, policy_mask)
 
         values = policy_out[keys.VALUES]
         v_unclipped = (values - returns) ** 2
@@ -73,8 +85,8 @@ class PPOLoss(Loss):
         entropy = mean(policy_out[keys.ENTROPY])
         with torch.no_grad():
             unweighted = torch.ones_like(weights)
-            approx_kl = sample_mean((ratio - 1) - logratio, unweighted, mask)
-            clipfrac = sample_mean(((ratio - 1).abs() > self.clip_coef).float(), unweighted, mask)
+            approx_kl = sample_mean((ratio - 1) - logratio, unweighted, policy_mask)
+            clipfrac = sample_mean(((ratio - 1).abs() > self.clip_coef).float(), unweighted, policy_mask)
             value_clipfrac = sample_mean(((values - old_values).abs() > self.vf_clip_coef).float(), unweighted, mask)
         return {
             "loss_policy": policy_loss,
@@ -92,6 +104,15 @@ class PPOLoss(Loss):
 def check_coefficient(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ValueError(f"losses.ppo.{name}={value!r} must be a finite number >= 0")
+
+
+def policy_rows(mask: torch.Tensor | None, teacher_led: torch.Tensor | None) -> torch.Tensor | None:
+    """The rows PPO's policy terms average over, as a float mask [B, T] (None: all): those in ``mask`` (PPO_MASK)
+    whose action the policy sampled, i.e. not ``teacher_led``."""
+    if teacher_led is None:
+        return mask
+    sampled = 1.0 - teacher_led.float()
+    return sampled if mask is None else sampled * mask.float()
 
 
 def normalize(advantages: torch.Tensor, mask: torch.Tensor | None, all_reduce: Callable) -> torch.Tensor:

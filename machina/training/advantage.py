@@ -3,9 +3,10 @@
 Step convention (as the rollout stores it): step t holds observation x_t, the action a_t taken on it, its value
 V(x_t), the reward r_t of a_t, and whether the episode ended after a_t (``terminated`` / ``truncated``). A truncated
 step whose env does not observe time carries V(final observation) in ``final_values``; every other ended step
-bootstraps from 0. The step after an agent's last one is the observation the rollout ends on, whose value the
-rollout records once (``last_values``, CleanRL's ``next_value``). So every step has a successor, and every reward
-enters an advantage.
+bootstraps from 0. Termination wins (Gymnasium's semantics: terminated means the MDP ended, truncated that it was cut
+short): a step flagged both bootstraps from 0 whatever its ``final_values``. The step after an agent's last one is
+the observation the rollout ends on, whose value the rollout records once (``last_values``, CleanRL's
+``next_value``). So every step has a successor, and every reward enters an advantage.
 """
 
 import torch
@@ -26,7 +27,7 @@ def compute_advantages(
 ) -> torch.Tensor:
     """Return float32 [N, L] advantages A_t = v_t - V(x_t), where v_t is the V-trace target (Espeholt et al. 2018):
 
-        next_t  = final_values_t if the episode ended after a_t, else V(x_{t+1})   (V(x_L) = last_values)
+        next_t  = 0 if terminated_t, else final_values_t if truncated_t, else V(x_{t+1})   (V(x_L) = last_values)
         delta_t = rho_t * (r_t + gamma * next_t - V(x_t))
         A_t     = delta_t + gamma * lambda * c_t * (1 - ended_t) * A_{t+1}
 
@@ -35,13 +36,15 @@ def compute_advantages(
 
     Args:
         values, rewards, final_values, ratio: float32 [N, L], one row per agent in time order; ``ratio`` is
-            pi_new / pi_old (ones right after a rollout).
+            pi(a_t|x_t) / mu(a_t|x_t), pi the current policy (the one the advantages will train) and mu the
+            behaviour policy that acted (ones right after a rollout; the learner refreshes them each update pass).
         terminated, truncated: bool [N, L].
         last_values: float32 [N]: V of the observation after each agent's last step.
     """
     ended = terminated | truncated
     next_values = torch.cat((values[:, 1:], last_values.unsqueeze(1)), 1)
-    next_values = torch.where(ended, final_values, next_values)
+    # Terminal wins: a step both terminated and truncated bootstraps from 0, not from V(final observation).
+    next_values = torch.where(truncated, final_values, next_values).masked_fill(terminated, 0.0)
     rho = ratio.clamp(max=rho_bar)
     deltas = rho * (rewards + gamma * next_values - values)
     decay = (gamma * gae_lambda) * ratio.clamp(max=c_bar) * (~ended).to(values.dtype)

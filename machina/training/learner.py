@@ -1,13 +1,13 @@
 """The training phase: ``update_epochs`` passes of minibatches over the full buffer.
 
-Per update epoch: advantages over every agent's whole rollout (V-trace ratios from the previous pass), then the
-sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of their ``loss_*`` terms,
-backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``; with ``compile`` (``system.compile``)
-that whole update is one ``torch.compile``d function, and with ``graph`` (``system.cuda_graphs``) one CUDA graph
-per token width, replayed on a static copy of each minibatch (``cuda_graph.py``); both are timed as
-``train.update``. Metrics stay on the device and are summed; the trainer reads them once per epoch. Under torchrun
-the forward goes through DDP (``machina.distributed.wrap``), which averages the gradients over the ranks during
-backward.
+Per update epoch: advantages over every agent's whole rollout (V-trace ratios of the current policy, see
+``update``), then the sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of
+their ``loss_*`` terms, backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``; with ``compile``
+(``system.compile``) that whole update is one ``torch.compile``d function, and with ``graph``
+(``system.cuda_graphs``) one CUDA graph per token width, replayed on a static copy of each minibatch
+(``cuda_graph.py``); both are timed as ``train.update``. Metrics stay on the device and are summed; the trainer
+reads them once per epoch. Under torchrun the forward goes through DDP (``machina.distributed.wrap``), which averages
+the gradients over the ranks during backward.
 """
 
 import math
@@ -158,7 +158,21 @@ class Learner:
         self.source = self._compacted(buffer) if self.compact_tokens else buffer
 
     def update(self, progress: Progress) -> None:
-        """``update_epochs`` passes of minibatches over ``prepare``'s buffer; no host read (but ``target_kl``'s)."""
+        """``update_epochs`` passes of minibatches over ``prepare``'s buffer; no host read (but ``target_kl``'s).
+
+        V-trace (Espeholt et al. 2018) clips rho_t = pi(a_t|x_t) / mu(a_t|x_t) with pi the policy being trained, so
+        each pass's advantages use the ratios of the policy as it stands when that pass starts:
+
+        - pass 1: the buffer's ``RATIO`` is 1 (``reset_for_rollout``): the policy has not moved since it acted.
+        - pass k > 1: the policy after every minibatch step of pass k - 1. ``_refresh_ratios`` rewrites ``RATIO``
+          from one no-grad forward over the whole buffer, in ``minibatch_segments`` row blocks. This costs
+          ``update_epochs - 1`` extra forwards (no backward) of the buffer per epoch, about a third of a pass each.
+          The ratios the minibatches record while they train are not enough: minibatch j's are those of the policy
+          after j - 1 steps of that pass, stale by up to a whole pass for the rows trained early in it.
+
+        Each minibatch still writes its ratio into ``RATIO`` (the policy before its own step), which is what the
+        buffer holds after the last pass (``experience/ratio_mean`` and ``loss_check`` read it).
+        """
         exp, sw = self.experience, self.stopwatch
         buffer, source = exp.buffer, self.source
         self.trained_at = progress
@@ -171,6 +185,9 @@ class Learner:
         self.once["train/lr"] = self.base_lrs[0] * multiplier
         passes = 0
         for update in range(self.update_epochs):
+            if update > 0:
+                with sw.time("train.ratio"):
+                    self._refresh_ratios(source)
             with sw.time("train.advantage"):
                 advantages = self._advantages(buffer)
                 if update == 0:
@@ -201,13 +218,33 @@ class Learner:
                     self._add(name, value)
                 self.once.update(host)
                 kl_sum += kl
-                # Written into the buffer itself (not a copy), so the next pass's V-trace sees it.
+                # Written into the buffer itself (not a copy): what it holds after the last pass (metrics).
                 buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
                 self.minibatches += 1
             passes += 1
             if self.target_kl is not None and float(kl_sum) / exp.num_minibatches > self.target_kl:
                 break  # the one host read of an update pass, only with target_kl set
         self.once["train/update_passes"] = float(passes)
+
+    @torch.no_grad()
+    def _refresh_ratios(self, source: TensorDict) -> None:
+        """Rewrite the buffer's ``RATIO`` in place as pi(a|x) / mu(a|x) of the current policy, mu the stored
+        ``ACT_LOG_PROB``: a no-grad forward of ``source`` (the buffer, maybe compacted) in contiguous blocks of
+        ``minibatch_segments`` rows (each with its stored row state, as a minibatch sees it; the minibatch's
+        shapes). Through the policy itself, not its DDP wrapper (no buffer sync, no gradient); no host read, and the
+        ratios are written into the buffer's own rows (views), so nothing is allocated beyond the forward. With
+        ``system.compile`` the policy is compiled in place: this no-grad forward is one more graph, compiled once
+        (the token width marked dynamic as in the update)."""
+        exp = self.experience
+        ratio, behaviour = exp.buffer[keys.RATIO], exp.buffer[keys.ACT_LOG_PROB]
+        step = exp.minibatch_segments
+        for first in range(0, exp.segments, step):
+            rows = slice(first, first + step)
+            stored = source[rows]
+            if self.compiled_update is not None and self.compact_tokens:  # the compiled policy: width as a symbol
+                torch._dynamo.maybe_mark_dynamic(stored[keys.OBS], 2)
+            out = self.policy(training_input(stored, exp.row_state[rows]))
+            torch.sub(out[keys.ACT_LOG_PROB], behaviour[rows], out=ratio[rows]).exp_()
 
     def _compacted(self, buffer: TensorDict) -> TensorDict:
         """The buffer with ``OBS`` uint8 [S, T, M, 3] as a view cut to [S, T, W, 3], W the last token slot that is
