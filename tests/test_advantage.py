@@ -27,6 +27,16 @@ def random_trajectories(n=3, length=23, seed=0):
     return values, rewards, terminated, truncated, final, last
 
 
+def successor_value(values, terminated, truncated, final, last, i, t) -> float:
+    """V of what follows step t of agent i: 0 after a termination (terminal wins over truncation), V(final
+    observation) after a truncation alone, else V(x_{t+1}), and the rollout's last value after its last step."""
+    if terminated[i, t]:
+        return 0.0
+    if truncated[i, t]:
+        return float(final[i, t])
+    return float(values[i, t + 1]) if t + 1 < values.shape[1] else float(last[i])
+
+
 def gae_reference(values, rewards, terminated, truncated, final, last, gamma, lam):
     """The sum form of GAE, one agent and one step at a time."""
     n, length = values.shape
@@ -34,12 +44,7 @@ def gae_reference(values, rewards, terminated, truncated, final, last, gamma, la
     for i in range(n):
 
         def delta(t, i=i):
-            if terminated[i, t]:
-                nxt = 0.0
-            elif truncated[i, t]:
-                nxt = float(final[i, t])
-            else:
-                nxt = float(values[i, t + 1]) if t + 1 < length else float(last[i])
+            nxt = successor_value(values, terminated, truncated, final, last, i, t)
             return float(rewards[i, t]) + gamma * nxt - float(values[i, t])
 
         for t in range(length):
@@ -176,12 +181,7 @@ def vtrace_with_episode_ends(values, rewards, terminated, truncated, final, last
         for s in range(length):
             total, trace = 0.0, 1.0
             for t in range(s, length):
-                if terminated[i, t]:
-                    nxt = 0.0
-                elif truncated[i, t]:
-                    nxt = float(final[i, t])
-                else:
-                    nxt = float(values[i, t + 1]) if t + 1 < length else float(last[i])
+                nxt = successor_value(values, terminated, truncated, final, last, i, t)
                 delta = float(rewards[i, t]) + gamma * nxt - float(values[i, t])
                 total += gamma ** (t - s) * trace * min(rho_bar, float(ratio[i, t])) * delta
                 if terminated[i, t] or truncated[i, t]:

@@ -1,5 +1,6 @@
 """Counting host reads: every Python-level read of a tensor's value on the host, which on an accelerator waits for
-the device (a sync). The hot path makes none (DESIGN.md section 9); tests and benchmarks check it with this."""
+the device (a sync). The hot path makes none (docs/architecture.md, "Rules every change keeps"); tests and
+benchmarks check it with this."""
 
 import sys
 from collections.abc import Iterator
