@@ -77,6 +77,7 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
 
     ``resume``: the ``resume=`` setting (a checkpoint file, a run folder or its checkpoints/ folder, or None).
     ``new_folder_command``: the command that starts the same run in a new folder, for the refusal messages."""
+    check_writable(Path(run_dir))
     history = History.read(run_dir)
     if resume is None:
         if history.checkpoints:
@@ -101,6 +102,30 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
             f"a new folder: {new_folder_command}; or drop resume= to continue this folder's own run"
         )
     return source
+
+
+# What a run writes in its folder: folders, and files it appends to or replaces.
+FOLDERS = ("checkpoints", "replays", ".hydra", "wandb")
+FILES = (METRICS, "resolved_config.yaml", "train.log")
+
+
+def check_writable(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run folder whose parts the run will write are not of the right kind or
+    not writable (a file named checkpoints, a read-only metrics.jsonl): found later, the run would stop half set up."""
+    for name in ("", *FOLDERS, *FILES):
+        path = run_dir / name
+        if not os.path.lexists(path):
+            continue
+        folder = name in ("", *FOLDERS)
+        if path.is_dir() != folder:
+            raise ConfigError(
+                f"{str(path)!r} is not a {'folder' if folder else 'regular file'}, as a run writes it; move it away or "
+                "choose another run folder with hydra.run.dir=PATH"
+            )
+        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            raise ConfigError(
+                f"{str(path)!r} is not writable; make it writable or choose another with hydra.run.dir=PATH"
+            )
 
 
 def rewind(run_dir: Path, epoch: int) -> Path | None:

@@ -56,17 +56,20 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     check_run(resolved)
     main = distributed.rank() == 0
+    lock = RunLock(run_dir)
     with ExitStack() as held:
 
         def start() -> Path | None:  # rank 0: hold the folder, then decide where the run continues from
-            held.enter_context(RunLock(run_dir))
+            held.enter_context(lock)
             return history.decide(cfg.get("resume"), run_dir, new_folder_command(sys.argv, run_dir))
 
         resume_from = distributed.decided_by_main(start)
-        return run_locked(cfg, resolved, run_dir, main, resume_from)
+        return run_locked(cfg, resolved, run_dir, main, resume_from, lock)
 
 
-def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resume_from: Path | None) -> float:
+def run_locked(
+    cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resume_from: Path | None, lock: RunLock
+) -> float:
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
     checkpoint = load_checkpoint(resume_from) if resume_from else None
     parts = build(cfg, distributed.rank())
@@ -82,6 +85,7 @@ def run_locked(cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resum
         checkpointer.restore(trainer, checkpoint, resume_from)
     if main:  # accepted: from here on the run folder changes
         run_record.accept(trainer.epoch if checkpoint else None)
+        lock.keep()
         if checkpoint:
             log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
         history.rewind(run_dir, trainer.epoch)  # what the folder holds after this start's epoch moves aside

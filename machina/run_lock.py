@@ -12,24 +12,30 @@ import socket
 from pathlib import Path
 
 from machina.errors import ConfigError
+from machina.files import missing_folders, remove_empty
 
 NAME = ".machina.lock"
 
 
 class RunLock:
     """``with RunLock(run_dir):`` holds the run folder's lock for the block, or raises ConfigError naming the process
-    that holds it. Creates the run folder if it does not exist yet."""
+    that holds it. Creates the run folder if it does not exist yet. Unless ``keep()`` was called (the run was
+    accepted), leaving the block undoes what entering did: the lock file's line (or the file), the folders made."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / NAME
         self._fd: int | None = None
+        self.kept = False
 
     def __enter__(self) -> "RunLock":
+        self.made = missing_folders(self.run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's line stays readable
         except OSError as err:
+            remove_empty(self.made)
             raise ConfigError(
                 f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable or "
                 "choose another with hydra.run.dir=PATH"
@@ -43,12 +49,27 @@ class RunLock:
                 f"the run folder {str(self.run_dir)!r} is in use by {holder}; wait for that run to end or stop it, or "
                 "choose another folder with hydra.run.dir=PATH"
             ) from None
+        # The line found, put back if the run is not accepted (``keep``); None: the file is ours to remove then.
+        self.previous = os.pread(fd, 4096, 0) if existed else None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
         return self
 
+    def keep(self) -> None:
+        """The run was accepted: its line stays in the lock file after it ends (the file is only information)."""
+        self.kept = True
+
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor releases the lock
-            self._fd = None
+        if self._fd is None:
+            return
+        if not self.kept:  # a refused run leaves the folder as it found it: the lock file, the folders it made
+            if self.previous is None:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, self.previous, 0)
+        os.close(self._fd)  # closing the only descriptor releases the lock
+        self._fd = None
+        if not self.kept:
+            remove_empty(self.made)

@@ -7,7 +7,8 @@ record. So conf/config.yaml and conf/eval.yaml set ``hydra.output_subdir: null``
 ``hydra.job_logging.handlers.file.delay: true`` (the log file is opened at its first record), and ``deferred()``
 holds the log records in memory until ``accept(folder)``. Then the record is written and the log file receives
 every record so far. Refused, the records go to the console only, and the folders Hydra made for the command (which
-``note_missing_folders`` saw absent before Hydra started) are removed again, with the lock file a refused run made.
+``note_missing_folders`` saw absent before Hydra started) are removed again (``machina.run_lock`` undoes its own
+part: the lock file's line).
 
 The record is append-only: the first accepted start of a folder writes ``.hydra/``; a later one (a resume) writes
 its own ``.hydra/resume_<epoch>/`` and leaves the first start's files as they are. In a multirun a refused job's
@@ -16,7 +17,6 @@ folder keeps its record and log (the sweep's comparison lists the job as failed,
 
 import logging
 import logging.handlers
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,23 +25,18 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from machina.files import atomic_write
+from machina.files import atomic_write, missing_folders, remove_empty
 
 RECORD = ".hydra"
-LOCK = ".machina.lock"
 # Folders absent before Hydra started (set by ``note_missing_folders``, in the same process, before ``@hydra.main``).
 _missing: list[Path] = []
 _current: "Record | None" = None
 
 
 def note_missing_folders(folder: Path) -> None:
-    """Remember which of ``folder`` and its parents do not exist yet (deepest first): Hydra is about to make them,
-    and a refused command removes them again."""
-    _missing.clear()
-    folder = Path(folder).absolute()
-    while not folder.exists() and folder != folder.parent:
-        _missing.append(folder)
-        folder = folder.parent
+    """Remember which of ``folder`` and its parents do not exist yet: Hydra is about to make them, and a refused
+    command removes them again."""
+    _missing[:] = missing_folders(folder)
 
 
 class Record:
@@ -55,9 +50,6 @@ class Record:
         self.cfg = cfg
         self.accepted = False
         self.folder = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-        # The lock file's line names the run holding it; a refused run puts the line it found back.
-        lock = self.folder / LOCK if self.folder is not None else None
-        self.lock_line = lock.read_bytes() if lock is not None and lock.is_file() else None
         root = logging.getLogger()
         # Hydra's file handler (delay=True: not opened yet) receives the records once the command is accepted.
         self.files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
@@ -97,21 +89,8 @@ class Record:
             self.discard()
 
     def discard(self) -> None:
-        """Undo what a command that was not accepted did: the lock file it made, or the line it wrote into one that
-        was there (rank 0 takes the lock), and the folders Hydra made."""
-        lock = self.folder / LOCK if self.folder is not None else None
-        if lock is not None and os.environ.get("RANK", "0") == "0":
-            if self.lock_line is None:
-                lock.unlink(missing_ok=True)
-            elif lock.is_file() and lock.read_bytes().startswith(f"PID {os.getpid()} ".encode()):  # still ours
-                with lock.open("r+b") as f:  # in place: the file (and the lock on it) is the same one
-                    f.write(self.lock_line)
-                    f.truncate()
-        for folder in _missing:
-            try:
-                folder.rmdir()  # only when empty: anything else in it is not ours to remove
-            except OSError:
-                break
+        """Remove the folders Hydra made for a command that was not accepted (the lock undoes its own part)."""
+        remove_empty(_missing)
 
 
 def write_record(folder: Path, cfg: DictConfig, resumed_epoch: int | None) -> None:

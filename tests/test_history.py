@@ -13,7 +13,7 @@ import pytest
 
 from machina.run_lock import RunLock
 from tests.conftest import interrupt_train, run_train
-from tests.test_checkpoint import EPOCH, TINY, run
+from tests.test_checkpoint import EPOCH, TINY, run, run_reporting
 
 KEEP_ALL = ["trainer.keep_checkpoints=100"]
 
@@ -234,3 +234,18 @@ def test_an_unusable_run_folder_with_an_interpolation_is_refused_before_hydra_st
     result = run_train(["experiment=debug", "wandb=disabled", f"hydra.run.dir={blocker}/${{now:%H-%M-%S}}"])
     assert "is not a folder" in one_error_line(result) and "hydra.run.dir" in one_error_line(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@pytest.mark.parametrize("blocker", ["checkpoints", "replays", "metrics.jsonl", "resolved_config.yaml", ".hydra"])
+def test_a_folder_part_of_the_wrong_kind_is_refused_before_anything_is_written(tmp_path, blocker):
+    """A file where the run writes a folder (or a folder where it writes a file) would stop the run half set up:
+    it is refused at the start, naming the path, and the folder is left as it was."""
+    path = tmp_path / blocker
+    if blocker in ("checkpoints", "replays", ".hydra"):
+        path.write_text("not a folder")
+    else:
+        path.mkdir()
+    before = snapshot(tmp_path)
+    code, message = run_reporting(tmp_path, epochs=1)
+    assert code == 2 and str(path) in message and "is not a" in message, message
+    assert snapshot(tmp_path) == before
