@@ -52,7 +52,8 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     # Under torchrun rank 0 decides the folder: with the default timestamped folder, ranks that started in different
     # seconds would each resolve their own (Hydra made one for each; the others' are removed again).
     run_dir = Path(distributed.from_main(str(run_dir or HydraConfig.get().runtime.output_dir)))
-    run_record.discard_unused(run_dir)
+    if distributed.rank() != 0:
+        run_record.not_writing(run_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     check_run(resolved)
     main = distributed.rank() == 0

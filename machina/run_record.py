@@ -49,6 +49,7 @@ class Record:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.accepted = False
+        self.writer = True  # False for a process that runs in the folder without writing it (``not_writing``)
         self.folder = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
         root = logging.getLogger()
         # Hydra's file handler (delay=True: not opened yet) receives the records once the command is accepted.
@@ -61,7 +62,7 @@ class Record:
     def accept(self, resumed_epoch: int | None = None) -> None:
         """Write the record (``.hydra/``, or ``.hydra/resume_<epoch>/`` for a resume of a folder that has one) and
         send the held log records, and every later one, to the log file."""
-        if self.accepted:
+        if self.accepted or not self.writer:
             return
         self.accepted = True
         if self.folder is not None:
@@ -79,14 +80,19 @@ class Record:
         """End the command: a refused single run leaves nothing behind; a multirun job keeps its record and log."""
         if refused and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             self.accept()
+        self.release()
+        if refused and not self.accepted:
+            self.discard()
+
+    def release(self) -> None:
+        """Stop holding log records and close the log file (opened only if the command was accepted)."""
         root = logging.getLogger()
         root.removeHandler(self.memory)
         self.memory.buffer.clear()
         for handler in self.files:
             root.removeHandler(handler)
             handler.close()
-        if refused and not self.accepted:
-            self.discard()
+        self.files = []
 
     def discard(self) -> None:
         """Remove the folders Hydra made for a command that was not accepted (the lock undoes its own part)."""
@@ -136,7 +142,12 @@ def accept(resumed_epoch: int | None = None) -> None:
         _current.accept(resumed_epoch)
 
 
-def discard_unused(folder: Path) -> None:
-    """Under torchrun, a rank other than 0 runs in rank 0's folder: remove the folder Hydra made for it alone."""
-    if _current is not None and _current.folder is not None and _current.folder.resolve() != Path(folder).resolve():
+def not_writing(folder: Path) -> None:
+    """This process runs in ``folder`` without writing it (a rank other than 0 under torchrun): stop holding its log
+    records (it writes no log file), and remove the folder Hydra made for it alone when rank 0's is another."""
+    if _current is None:
+        return
+    _current.writer = False
+    _current.release()
+    if _current.folder is not None and _current.folder.resolve() != Path(folder).resolve():
         _current.discard()
