@@ -24,7 +24,7 @@ from pathlib import Path
 from machina import metrics_file
 from machina.errors import ConfigError
 from machina.files import atomic_write
-from machina.training.checkpoint import checkpoints, named_checkpoint
+from machina.training.checkpoint import checkpoints, named_checkpoint, numbered
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,6 @@ class History:
         held += [path.name for _, path in (self.checkpoints + self.policies)[-3:]]
         held += [f"{len(self.replays)} replays"] if self.replays else []
         return held
-
-
-def numbered(folder: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
-    """``(epoch, path)`` of the regular files in ``folder`` whose name matches ``pattern``, oldest first."""
-    if not folder.is_dir():
-        return []
-    found = ((pattern.fullmatch(p.name), p) for p in folder.iterdir())
-    return sorted((int(m.group(1)), p) for m, p in found if m and p.is_file())
 
 
 def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path | None:

@@ -269,16 +269,24 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """``(epoch, path)`` of every regular file ``checkpoint_<epoch>.pt`` in ``directory``, oldest first. Other
-    entries with such a name (a folder, a broken or looping link) are skipped with a warning: they are not
-    checkpoints, and must not hide the newest one that is."""
+    """``(epoch, path)`` of every regular file ``checkpoint_<epoch>.pt`` in ``directory``, oldest first."""
+    return numbered(directory, CHECKPOINT)
+
+
+def numbered(directory: Path, pattern: re.Pattern) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of every regular file in ``directory`` whose name matches ``pattern`` (its group 1 the
+    epoch), oldest first. Other entries with such a name (a folder, a broken or looping link) are skipped with a
+    warning: they are not what their name says, and must not hide the newest one that is."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
     found = []
-    for path in Path(directory).glob("checkpoint_*.pt"):
-        match = CHECKPOINT.fullmatch(path.name)
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
         if match and path.is_file():
             found.append((int(match.group(1)), path))
         elif match:
-            log.warning("skipping %s: not a regular file, so not a checkpoint", path)
+            log.warning("skipping %s: not a regular file", path)
     return sorted(found)
 
 
