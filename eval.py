@@ -6,7 +6,7 @@ a random policy, prints the rows, writes them to ``eval.json`` and (``replay=tru
 ``resolved_config.yaml``, or the training checkpoint's stored config), with the ``env.<key>=VALUE`` given on the
 command line on top; ``env=<name>`` starts from that env's defaults instead.
 
-The run's settings are read as data (``machina.stored_config``, ``machina.env.factory``): nothing in them is
+The run's settings are read as data (``machina.files.stored_config``, ``machina.env.factory``): nothing in them is
 resolved or instantiated, so a run folder or checkpoint from elsewhere cannot run code. Every setting of eval.py is
 checked before anything is evaluated or written; a bad one ends it with one line and exit code 2.
 """
@@ -23,16 +23,17 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from machina import preflight, resolvers, run_record
 from machina.cli import report_errors
 from machina.env.factory import check_env_settings, env_factory, imported_module
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
 from machina.evaluation.gif import save_gif
-from machina.files import atomic_write
+from machina.files.atomic import atomic_write
+from machina.files.stored_config import plain_mapping, read_yaml
 from machina.policy.io import load_policy, read_checkpoint_file
-from machina.stored_config import plain_mapping, read_yaml
-from machina.system import resolve_device
+from machina.run_folder import run_record
+from machina.startup import preflight, resolvers
+from machina.startup.system import resolve_device
 from machina.training.checkpoint import named_checkpoint
 
 resolvers.register()
@@ -50,7 +51,8 @@ ABSENT = object()  # a key the command line deleted (~env.<key>)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    # Nothing is written (Hydra's .hydra/ record and log included) until the results are (machina.run_record).
+    # Nothing is written (Hydra's .hydra/ record and log included) until the results are
+    # (machina.run_folder.run_record).
     with run_record.deferred(cfg), report_errors():
         hydra_cfg = HydraConfig.get()
         evaluate(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))

@@ -7,8 +7,10 @@ import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from machina import distributed, preflight, resolvers, run_record
 from machina.cli import report_errors
+from machina.run_folder import run_record
+from machina.startup import preflight, resolvers
+from machina.training import distributed
 
 # Registered at import time, before @hydra.main composes (also in launcher subprocesses, which re-import this file).
 resolvers.register()
@@ -19,7 +21,8 @@ resolvers.register()
 def main(cfg: DictConfig) -> float:
     from machina.run import train
 
-    # Nothing is written to the run folder until the run is accepted (machina.run_record); under torchrun this
+    # Nothing is written to the run folder until the run is accepted (machina.run_folder.run_record); under torchrun
+    # this
     # process is one rank of a data-parallel job (docs/distributed.md); alone it is the job.
     with run_record.deferred(cfg), report_errors(), distributed.process_group(cfg.system.device):
         return train(cfg)

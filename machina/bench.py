@@ -1,4 +1,4 @@
-"""``python -m machina.bench``: every benchmark behind one command (``machina/benchmarks/``).
+"""``python -m machina.bench``: every benchmark behind one command (``machina/speed/``).
 
     python -m machina.bench [--epochs N] [--compare KEY=A,B] [--json] [HYDRA_OVERRIDE ...]   training (default)
     python -m machina.bench env [--ops] [--num-envs N ...] [--json]                         the built-in env
@@ -10,7 +10,7 @@
 
 import sys
 
-from machina.benchmarks import env, overhead, policy, training
+from machina.speed import env, overhead, policy, training
 
 MODES = {"env": env.main, "policy": policy.main, "overhead": overhead.main}
 

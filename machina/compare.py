@@ -28,7 +28,7 @@ from pathlib import Path
 
 from machina.errors import ConfigError
 from machina.plot import Parser, check_folders, plt, save_figure
-from machina.run_folders import RunRecord, find_run_dirs, is_training_run, read_run
+from machina.run_folder.reading import RunRecord, find_run_dirs, is_training_run, read_run
 
 COLUMNS = (
     "job",

@@ -25,8 +25,8 @@ from typing import NoReturn
 import matplotlib
 
 from machina.errors import ConfigError
-from machina.files import atomic_write
-from machina.metrics_file import number, read_rows, shorten
+from machina.files.atomic import atomic_write
+from machina.files.metrics_file import number, read_rows, shorten
 
 matplotlib.use("Agg")  # files only: no display, also on headless machines
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen before pyplot is imported
@@ -76,7 +76,8 @@ def save_figure(fig, out: Path) -> Path:
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, float]], list[str]]:
-    """The rows of a metrics.jsonl (``machina.metrics_file``) with every value a float: NaN (a gap in the plot) for
+    """The rows of a metrics.jsonl (``machina.files.metrics_file``) with every value a float: NaN (a gap in the plot)
+    for
     null or anything that is not a number; and the warnings about skipped lines, each naming the run folder.
     ConfigError when the file is missing or cannot be read."""
     path = Path(path)

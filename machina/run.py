@@ -1,12 +1,14 @@
-"""Train an experiment: check its settings, decide where it continues from, build its parts (``machina.build``),
+"""Train an experiment: check its settings, decide where it continues from, build its parts (``machina.startup.build``),
 accept the checkpoint it resumes from (if any), and only then write the run folder, the sinks and checkpoints, and
 run the trainer. Library code receives objects, never a DictConfig.
 
 Every check comes before any write, so a refused command leaves the disk as it was: the settings (``validation``),
-the folder's lock (``machina.run_lock``), where the run continues from (``machina.history``), the checkpoint (its
+the folder's lock (``machina.run_folder.run_lock``), where the run continues from (``machina.run_folder.history``), the
+checkpoint (its
 checksum, its structure, and the policy it holds: allow-listed plain data), the parts (each constructor checks its
 own values, and a part too large for memory is refused), and the restore of the checkpoint into the built trainer.
-Then the command is accepted: Hydra's record (``.hydra/``) and the log are written (``machina.run_record``), a
+Then the command is accepted: Hydra's record (``.hydra/``) and the log are written (``machina.run_folder.run_record``),
+a
 rewound future is moved aside (``history.rewind``), and resolved_config.yaml, metrics.jsonl, W&B and the
 checkpoints follow.
 
@@ -25,19 +27,20 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from machina import distributed, history, run_record
-from machina.build import build, build_trainer
 from machina.cli import new_folder_command
 from machina.env.factory import env_factory
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
-from machina.run_lock import RunLock
+from machina.run_folder import history, run_record
+from machina.run_folder.run_lock import RunLock
+from machina.startup.build import build, build_trainer
+from machina.startup.validation import check_run
+from machina.training import distributed
 from machina.training.checkpoint import Checkpointer, load_checkpoint
 from machina.training.epoch_metrics import summarize
 from machina.training.periodic_eval import PeriodicEval
-from machina.validation import check_run
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,8 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
     """Train the experiment ``cfg`` describes; return the summary metric ``cfg.objective`` (a sweeper's objective).
 
     Continues from ``cfg.resume`` (a checkpoint file or run folder) or, when that is null, from the latest checkpoint
-    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it (``machina.history``
+    in ``run_dir``, so rerunning a killed command with the same ``hydra.run.dir`` continues it
+    (``machina.run_folder.history``
     decides, and refuses what would lose or mix a run's history).
     """
     # Under torchrun rank 0 decides the folder: with the default timestamped folder, ranks that started in different

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from machina import resolvers
+from machina.startup import resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

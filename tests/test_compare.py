@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 
 from machina.compare import collect, legend_label, main, shared_overrides, table
-from machina.run_folders import find_run_dirs, read_run
+from machina.run_folder.reading import find_run_dirs, read_run
 from tests.conftest import ROOT
 
 COMMON = ["env.num_envs=16", "trainer.total_timesteps=2048"]

@@ -9,8 +9,8 @@ import torch
 import yaml
 from hydra.utils import instantiate
 
-from machina.build import build_losses
 from machina.errors import ConfigError
+from machina.startup.build import build_losses
 from tests.conftest import CONF, ROOT, compose_config
 
 GROUPS = ["env", "policy", "losses", "experience", "system", "trainer", "optimizer", "wandb"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build, build_trainer
 from machina.errors import ConfigError
+from machina.startup.build import build, build_trainer
 from machina.training.cuda_graph import CapturedCall
 from machina.training.learner import Learner
 from machina.training.rollout import Rollout

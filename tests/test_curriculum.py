@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build, build_trainer
 from machina.env.grid import OBSTACLE, WALL, Geometry
 from machina.env.layout import LayoutSampler
 from machina.env.machina_1 import Machina1Env
 from machina.env.pool import Episodes
 from machina.errors import ConfigError
+from machina.startup.build import build, build_trainer
 from machina.training.curriculum import Curriculum
 from tests.conftest import compose_config, run_train
 from tests.test_checkpoint import EPOCH, metrics, run, without_timing

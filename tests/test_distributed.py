@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from machina import distributed, keys
-from machina.build import build, build_trainer
+from machina import keys
 from machina.errors import TrainingStopped
 from machina.losses.base import Loss
 from machina.policy.io import load_policy
-from machina.run_lock import RunLock
+from machina.run_folder.run_lock import RunLock
+from machina.startup.build import build, build_trainer
+from machina.training import distributed
 from machina.training.checkpoint import load_checkpoint
 from tests.conftest import ROOT, compose_config
 from tests.wandb_reader import find_runs, read_run

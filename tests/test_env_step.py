@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from machina import keys
-from machina.benchmarks.env import op_counts
-from machina.benchmarks.host_reads import count_host_reads
 from machina.env.machina_1 import Machina1Env
+from machina.speed.env import op_counts
+from machina.speed.host_reads import count_host_reads
 
 # Issue 17, measured on the code before it at 4 envs on the accelerator reset path: 769 aten ops per step without the
 # teacher and 2,607 with it. The goal is a third of those.

@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from machina import checksum
 from machina.env.factory import env_factory
 from machina.errors import ConfigError
+from machina.files import checksum
 from tests.conftest import ROOT, compose_config
 from tests.test_checkpoint import run
 

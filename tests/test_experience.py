@@ -7,8 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.build import merge_specs
 from machina.errors import ConfigError
+from machina.startup.build import merge_specs
 from machina.training.experience import Experience
 from machina.training.samplers import Sequential
 

@@ -23,12 +23,12 @@ import pytest
 import torch
 import yaml
 
-from machina import checksum, metrics_file
 from machina.env.factory import check_env_settings
 from machina.errors import ConfigError
+from machina.files import checksum, metrics_file
+from machina.files.stored_config import plain_mapping, read_yaml
 from machina.policy.io import load_policy, load_teacher
-from machina.run_folders import read_run
-from machina.stored_config import plain_mapping, read_yaml
+from machina.run_folder.reading import read_run
 from machina.training.checkpoint import load_checkpoint
 from tests.conftest import ROOT
 from tests.test_checkpoint import EPOCH, TINY, run

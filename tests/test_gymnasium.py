@@ -11,10 +11,10 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.build import build
 from machina.env.gymnasium import GymnasiumEnv
 from machina.errors import ConfigError
 from machina.losses.base import Progress
+from machina.startup.build import build
 from tests.conftest import ROOT, compose_config, run_train
 
 gymnasium = pytest.importorskip("gymnasium")  # the gym extra (part of dev)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from machina.run_lock import RunLock
+from machina.run_folder.run_lock import RunLock
 from tests.conftest import interrupt_train, run_train
 from tests.test_checkpoint import EPOCH, TINY, run, run_reporting
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build, build_trainer
 from machina.env.spec import PAD_TOKEN
+from machina.startup.build import build, build_trainer
 from machina.training.lr_schedules import Constant, Cosine, Linear
 from tests.conftest import compose_config
 from tests.test_rollout import TINY
@@ -235,7 +235,7 @@ def test_a_single_update_pass_uses_ratio_one_and_no_extra_forward(monkeypatch):
 def test_refreshing_the_ratios_makes_no_host_read_and_no_tensor_from_python_data():
     """The per-pass ratio refresh (update_epochs > 1) keeps the update's rules: no Python-level host read and no
     tensor made from Python data."""
-    from machina.benchmarks.host_reads import count_host_reads
+    from machina.speed.host_reads import count_host_reads
 
     trainer = make_trainer(["learner.update_epochs=2", "experience/sampler=prioritized"])
     trainer.rollout.run(trainer.progress)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build, build_trainer
 from machina.env.factory import env_factory
 from machina.evaluation.evaluator import Evaluator
 from machina.policy.io import load_policy
+from machina.startup.build import build, build_trainer
 from tests.conftest import compose_config, run_train
 
 SMALL = [

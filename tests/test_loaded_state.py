@@ -20,10 +20,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from machina import checksum
-from machina.build import build, build_trainer
 from machina.errors import ConfigError
+from machina.files import checksum
 from machina.policy.io import load_policy, load_teacher
+from machina.startup.build import build, build_trainer
 from machina.training.checkpoint import Checkpointer, load_checkpoint
 from tests.conftest import compose_config
 from tests.test_checkpoint import EPOCH, TINY, metrics, random_policy_file, run, run_reporting
@@ -434,7 +434,7 @@ def test_a_full_disk_is_reported_as_the_os_reports_it(tmp_path, monkeypatch):
 
 def test_a_save_keeps_newer_checkpoints_and_prunes_only_older_ones(trained, tmp_path):
     """History is append-only: a save never deletes a checkpoint of a later epoch (a rewound run moves its abandoned
-    future aside before it continues, ``machina.history``); it prunes older ones down to keep_checkpoints."""
+    future aside before it continues, ``machina.run_folder.history``); it prunes older ones down to keep_checkpoints."""
     folder = tmp_path / "checkpoints"
     shutil.copytree(trained / "checkpoints", folder)
     later = folder / "checkpoint_000007.pt"

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from machina.errors import ConfigError, TrainingStopped
+from machina.files.metrics_file import Line, read_lines, read_rows
 from machina.logging.sinks import JsonlSink
-from machina.metrics_file import Line, read_lines, read_rows
 
 
 def row(epoch: int) -> dict:

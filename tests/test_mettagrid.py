@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build
 from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
+from machina.startup.build import build
 from tests.conftest import compose_config, run_train
 
 TINY = ["env.num_envs=4", "env.max_steps=30", "experience.batch_size=256", "experience.bptt_horizon=16"]
@@ -105,7 +105,7 @@ def test_a_restored_rollout_acts_on_the_new_episodes_the_env_started():
     """MettaGrid's engine state is not saved, so a restored env starts new episodes: the rollout must act on their
     first observations with fresh recurrent state, not on the saved observation of an episode that is gone."""
     pytest.importorskip("mettagrid")
-    from machina.build import build_trainer
+    from machina.startup.build import build_trainer
 
     cfg = compose_config(["env=mettagrid_arena", *TINY, "wandb=disabled"])
     first = build_trainer(cfg, build(cfg), sinks=[])

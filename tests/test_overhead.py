@@ -3,7 +3,7 @@ dispatch and Python work without the arithmetic, must run exactly the ops of the
 
 import pytest
 
-from machina.benchmarks import overhead
+from machina.speed import overhead
 
 
 @pytest.mark.parametrize("policy", sorted(overhead.NARROW))

@@ -13,7 +13,7 @@ from machina.env.spec import PAD_TOKEN, ObsSpec
 from machina.keys import ENCODED, OBS
 from machina.policy.component import PolicyDims
 from machina.policy.perceiver import PerceiverEncoder, TokenEmbedding
-from machina.policy.tokens import token_bytes
+from machina.policy.token_tables import token_bytes
 from tests.test_fast_policy_parts import SPEC, tokens
 
 FREQUENCIES = (1.0, 2.0, 4.0)

@@ -175,8 +175,8 @@ def built_minibatch(proportion: float):
     """experiment=debug with PPO and the supervisor leading ``proportion`` of the steps: the built parts after one
     rollout, the first minibatch's rows with random advantages and a stored log-probability shifted so that the
     ratios are far from 1 (clipped without a mask), and the policy's outputs on them."""
-    from machina.build import build
     from machina.policy.inputs import training_input
+    from machina.startup.build import build
     from tests.conftest import compose_config
 
     cfg = compose_config(

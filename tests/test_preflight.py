@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from machina import preflight
 from machina.errors import ConfigError
-from machina.preflight import check
+from machina.startup import preflight
+from machina.startup.preflight import check
 from tests.conftest import CONF, run_train
 
 

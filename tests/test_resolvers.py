@@ -5,9 +5,10 @@ import itertools
 import pytest
 from omegaconf import OmegaConf
 
-from machina import keys, resolvers
-from machina.build import build, build_losses, check_policy_outputs
+from machina import keys
 from machina.errors import ConfigError
+from machina.startup import resolvers
+from machina.startup.build import build, build_losses, check_policy_outputs
 from tests.conftest import CONF, compose_config
 
 FAKE = "+losses.fake._target_=tests.fake_losses.ConsumesFullLogProbs"

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from machina import keys
-from machina.build import build, build_trainer
 from machina.policy.inputs import rollout_input, training_input
+from machina.startup.build import build, build_trainer
 from machina.training.advantage import agent_major
 from tests.conftest import compose_config
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)

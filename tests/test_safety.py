@@ -19,10 +19,10 @@ import torch
 from omegaconf import OmegaConf
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from machina import checksum
-from machina.build import build, build_trainer
 from machina.errors import ConfigError
+from machina.files import checksum
 from machina.policy.io import load_policy
+from machina.startup.build import build, build_trainer
 from machina.training.checkpoint import Checkpointer, load_checkpoint
 from tests.conftest import ROOT, compose_config, run_train
 from tests.test_checkpoint import EPOCH, TINY, metrics, random_policy_file, run, run_reporting
@@ -201,7 +201,11 @@ def test_a_folder_in_use_is_refused_and_a_killed_holder_does_not_block(trained, 
     folder = tmp_path / "run"
     shutil.copytree(trained, folder)
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from machina.run_lock import RunLock\nwith RunLock({str(folder)!r}): input()"],
+        [
+            sys.executable,
+            "-c",
+            f"from machina.run_folder.run_lock import RunLock\nwith RunLock({str(folder)!r}): input()",
+        ],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -308,11 +312,11 @@ def test_only_the_builder_turns_config_into_code():
     line) or a file of this repository; every loader of a file from disk goes through the allow-lists instead."""
     calls = re.compile(r"\b(instantiate|get_class|get_object|locate)\(|OmegaConf\.load\(|resolve=True")
     allowed = {
-        "machina/build.py",  # the composed config: the one place that instantiates it
-        "machina/resolvers.py",  # ${consumes:...} during composition: the composed losses' classes
-        "machina/validation.py",  # start-up type checks of the composed config's constructors
+        "machina/startup/build.py",  # the composed config: the one place that instantiates it
+        "machina/startup/resolvers.py",  # ${consumes:...} during composition: the composed losses' classes
+        "machina/startup/validation.py",  # start-up type checks of the composed config's constructors
         "machina/run.py",  # the composed config resolved once, for the checks and the record
-        "machina/benchmarks/policy.py",  # conf/policy/*.yaml of this repository
+        "machina/speed/policy.py",  # conf/policy/*.yaml of this repository
         "eval.py",  # env=<name> on eval's command line: the composed env group
     }
     found = set()

@@ -9,7 +9,7 @@ import yaml
 from PIL import Image
 
 from machina.compare import main as compare
-from machina.run_folders import find_run_dirs
+from machina.run_folder.reading import find_run_dirs
 from tests.conftest import preset_overrides, run_train
 from tests.test_train import TINY as TRAIN_TINY
 from tests.wandb_reader import find_runs, read_run, records
@@ -145,7 +145,7 @@ def test_a_nan_objective_fails_the_job_instead_of_the_optuna_study():
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
-    from machina.sweep_callbacks import NanObjectiveFailsJob
+    from machina.startup.sweep_callbacks import NanObjectiveFailsJob
 
     config = OmegaConf.create({"objective": "summary/final_reward"})
     nan, ok = JobReturn(status=JobStatus.COMPLETED), JobReturn(status=JobStatus.COMPLETED)

@@ -8,7 +8,7 @@ import torch
 
 from machina import keys
 from machina.errors import ConfigError
-from machina.system import System, resolve_device
+from machina.startup.system import System, resolve_device
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,7 @@ def test_compile_auto_compiles_long_runs_where_a_compiler_is_present(tmp_path, m
 
 
 def test_the_recipe_compiles_only_runs_long_enough_to_win_the_compile_back():
-    from machina.build import build
+    from machina.startup.build import build
     from tests.conftest import compose_config
 
     assert build(compose_config(["experiment=debug"])).system.compile is False  # tests and check runs stay eager
@@ -106,8 +106,8 @@ def test_bad_values(kwargs, message):
 def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     from hydra.utils import instantiate
 
-    from machina.build import build
     from machina.policy.inputs import STEP_INPUTS, rollout_input
+    from machina.startup.build import build
     from tests.conftest import compose_config
 
     overrides = ["experiment=debug", "env.num_envs=4", "experience.batch_size=512"]

@@ -250,7 +250,7 @@ def test_eer_kickstarter_without_a_teacher_file_is_refused():
 
 
 def test_the_dagger_preset_anneals_the_teacher_led_share_to_zero():
-    from machina.build import build_losses
+    from machina.startup.build import build_losses
     from tests.conftest import compose_config
 
     cfg = compose_config(["experiment=machina_1_dagger"])

@@ -18,13 +18,13 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from machina.benchmarks.host_reads import count_host_reads
-from machina.build import build, build_trainer
 from machina.cli import report_errors, resume_command
 from machina.env.machina_1 import Machina1Env
 from machina.logging.identity import wandb_identity
 from machina.logging.sinks import ConsoleSink
 from machina.run import train
+from machina.speed.host_reads import count_host_reads
+from machina.startup.build import build, build_trainer
 from machina.training import learner as learner_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer

@@ -67,7 +67,7 @@ class Env:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Continue from a ``state_dict`` of an env built with the same settings. ``state`` may come from an edited
-        checkpoint: every entry is checked (shape, dtype, value range; ``machina.saved_state``) before anything
+        checkpoint: every entry is checked (shape, dtype, value range; ``machina.files.saved_state``) before anything
         changes, and a bad one raises a ConfigError naming it, so a refused resume never reaches a step."""
         raise NotImplementedError
 

@@ -4,7 +4,7 @@ the shape ``Env.episode_stats`` and ``Env.last_episodes`` promise."""
 import numpy as np
 import torch
 
-from machina import saved_state
+from machina.files import saved_state
 
 
 class EpisodeTally:

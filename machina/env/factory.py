@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from machina.env.base import Env
 from machina.errors import ConfigError
-from machina.stored_config import check_plain, shorten
+from machina.files.stored_config import check_plain, shorten
 
 # _target_ (as conf/env/*.yaml spells it) -> (module, class): the envs an env node may name.
 GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import keys, saved_state
+from machina import keys
 from machina.env import layout as layouts
 from machina.env.base import Env
 from machina.env.grid import (
@@ -61,13 +61,14 @@ from machina.env.grid import (
     Geometry,
     feature_table,
 )
+from machina.env.machina_1_obs import TokenEncoder
 from machina.env.machina_1_settings import check_settings
 from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.env.step_buffers import StepBuffers
 from machina.env.teacher import Teacher
-from machina.env.tokens import TokenEncoder
 from machina.errors import ConfigError
+from machina.files import saved_state
 
 assert sys.byteorder == "little", "tokens are packed into int32s and read back as bytes (little-endian)"
 

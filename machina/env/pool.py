@@ -20,13 +20,13 @@ still deterministic for a seed, and no host read; only less varied.
 
 import torch
 
-from machina import saved_state
 from machina.env import layout as layouts
 from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, INVENTORY_SLOTS, WALL, Geometry
+from machina.env.machina_1_obs import type_tokens
 from machina.env.rows import RowFormat
 from machina.env.teacher import GOAL_SLOTS, INF, distance_fields
-from machina.env.tokens import type_tokens
 from machina.errors import ConfigError
+from machina.files import saved_state
 
 
 class Episodes:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from machina.files import atomic_write
+from machina.files.atomic import atomic_write
 
 
 def save_gif(frames: list[np.ndarray], path: str | Path, fps: float = 8) -> None:

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from machina.errors import ConfigError, Interrupted, TrainingStopped
-from machina.metrics_file import encode_row
+from machina.files.metrics_file import encode_row
 
 log = logging.getLogger(__name__)
 
 
 class JsonlSink:
-    """Appends one row per finished epoch to ``path`` (the format: ``machina.metrics_file``), so a killed run keeps
+    """Appends one row per finished epoch to ``path`` (the format: ``machina.files.metrics_file``), so a killed run
+    keeps
     every finished epoch.
 
     Append-only: it never rewrites the file (a resumed run's rows beyond its checkpoint are archived before the sink

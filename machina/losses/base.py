@@ -8,12 +8,12 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import saved_state
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
+from machina.files import saved_state
+from machina.files.snapshot import pack
 from machina.keys import Spec
 from machina.losses.schedule import Linear
-from machina.training.state import pack
 
 
 @dataclass

@@ -29,7 +29,7 @@ from machina.policy.inputs import next_state, rollout_input
 
 
 class EERKickstarterLoss(Loss):
-    """Distils ``teacher`` (a frozen policy network, built by ``machina.build`` from
+    """Distils ``teacher`` (a frozen policy network, built by ``machina.startup.build`` from
     ``losses.eer_kickstarter.teacher.path``; it is part of this module but not of its ``state_dict``: a resumed run
     takes the teacher from its file, not from the checkpoint).
 

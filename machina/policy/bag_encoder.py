@@ -10,7 +10,7 @@ from machina.keys import ENCODED, OBS
 from machina.policy.bag_sum import bag_sum
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.tokens import BYTE_VALUES, cell_index_table, inverse_norm_table, scaled_value_table
+from machina.policy.token_tables import BYTE_VALUES, cell_index_table, inverse_norm_table, scaled_value_table
 
 
 class TokenBagEncoder(Component):

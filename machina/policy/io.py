@@ -2,9 +2,10 @@
 
 A policy file is a dict of plain data and tensors only:
     {"format": "machina.policy/1", "architecture": <resolved policy config>, "obs_spec": {...},
-     "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.checksum>}
+     "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.files.checksum>}
 A file from an untrusted source cannot run code or allocate more than it holds: it is read as bounded plain data
-(``machina.torch_file``: ``torch.load(weights_only=True)`` after its archive and pickle are checked), and the policy
+(``machina.files.torch_file``: ``torch.load(weights_only=True)`` after its archive and pickle are checked), and the
+policy
 is rebuilt from the architecture through machina's own classes only (``machina.policy.allowlist``), never by
 ``hydra.utils.instantiate``. A damaged file (its checksum does not match) or one without a checksum is refused, and
 so are weights that are not all finite.
@@ -16,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from machina import checksum, torch_file
 from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spec_to_dict
 from machina.errors import ConfigError
+from machina.files import checksum, torch_file
+from machina.files.snapshot import nonfinite
 from machina.policy.allowlist import build_policy, check_architecture, check_sizes
-from machina.training.state import nonfinite
 
 FORMAT = "machina.policy/1"
 
@@ -42,7 +43,7 @@ def policy_payload(
 
 def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
     """A machina file's data with clear errors for a missing, truncated, damaged or foreign file: bounded plain data
-    (``machina.torch_file``), a dict with a ``format``, and a checksum that matches."""
+    (``machina.files.torch_file``), a dict with a ``format``, and a checksum that matches."""
     data = torch_file.load(Path(path))
     if not isinstance(data, dict) or "format" not in data:
         raise ConfigError(f"checkpoint {str(path)!r} is not a machina checkpoint (no 'format' entry)")
@@ -102,7 +103,8 @@ def load_policy(
 
 def load_teacher(path: str | None) -> nn.Module:
     """A frozen teacher network from a policy file (``losses.eer_kickstarter.teacher.path``), in eval mode and
-    emitting ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.build`` (the one
+    emitting ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.startup.build`` (the
+    one
     place that reads files for the experiment) and handed to the loss."""
     if not path:
         raise ConfigError(

@@ -12,7 +12,7 @@ from machina.env.spec import PAD_TOKEN, ObsSpec
 from machina.keys import ENCODED, OBS
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.tokens import BYTE_VALUES, scaled_value_table, token_bytes
+from machina.policy.token_tables import BYTE_VALUES, scaled_value_table, token_bytes
 
 # The attention bias of a padding token in the first slot instead of -inf: exp() of it is 0 next to any real token's
 # score, and a row of padding only (whose other slots are -inf) attends to that slot alone instead of giving NaN.

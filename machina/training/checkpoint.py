@@ -13,15 +13,17 @@ A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=T
                         CUDA, numpy, python), gathered by rank 0, which alone writes
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
     config              the resolved config of the run that wrote it
-    checksum            sha256 of everything above (``machina.checksum``), verified on load
+    checksum            sha256 of everything above (``machina.files.checksum``), verified on load
 A checkpoint is written only when it is good to resume from: finite parameters and optimizer state, and finite losses
 with its weights (``Learner.loss_check``); so the checkpoint a stopped run names as its last good one is one whose
-weights evaluate to finite losses. Files are serialised in memory and then written atomically (``machina.files``), so
+weights evaluate to finite losses. Files are serialised in memory and then written atomically
+(``machina.files.atomic``), so
 a failed write reports the OS's reason (a full disk) and leaves the previous checkpoint the newest. History is
-append-only: a save prunes only checkpoints older than ``trainer.keep_checkpoints`` (``machina.history`` moves an
+append-only: a save prunes only checkpoints older than ``trainer.keep_checkpoints`` (``machina.run_folder.history``
+moves an
 abandoned future aside before a rewound run continues).
 
-Loading trusts nothing in the file: it is read as bounded plain data (``machina.torch_file``), its checksum must
+Loading trusts nothing in the file: it is read as bounded plain data (``machina.files.torch_file``), its checksum must
 match, its structure and types must be a checkpoint's (``checkpoint_schema``), and each part checks the state it
 restores (``Checkpointer.restore``); every refusal is a ConfigError before the run folder changes. Schedules are pure
 functions of agent_step, so the counters restore them. The experience buffer is not saved: at an epoch boundary every
@@ -38,14 +40,14 @@ from typing import Any
 
 import torch
 
-from machina import checksum, distributed
 from machina.env.spec import ObsSpec
 from machina.errors import ConfigError, TrainingStopped
-from machina.files import atomic_write
+from machina.files import checksum
+from machina.files.atomic import atomic_write
+from machina.files.saved_state import within
+from machina.files.snapshot import capture_rng, nonfinite, restore_rng
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
-from machina.saved_state import within
-from machina.training import checkpoint_schema
-from machina.training.state import capture_rng, nonfinite, restore_rng
+from machina.training import checkpoint_schema, distributed
 
 log = logging.getLogger(__name__)
 

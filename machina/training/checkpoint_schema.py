@@ -1,6 +1,7 @@
 """The structure of a training checkpoint (``checkpoint.py``), checked when it is loaded, before anything is built.
 
-A matching checksum proves no author (``machina.checksum``): an edited file can be re-sealed. So ``check`` refuses,
+A matching checksum proves no author (``machina.files.checksum``): an edited file can be re-sealed. So ``check``
+refuses,
 with a ConfigError naming the file and the entry, anything but what ``Checkpointer.save`` writes:
 
     format                  "machina.checkpoint/2" (checked by ``load_checkpoint``)
@@ -26,10 +27,10 @@ from typing import Any
 
 import torch
 
-from machina import saved_state
 from machina.errors import ConfigError
-from machina.saved_state import within
-from machina.training.state import check_rng, nonfinite
+from machina.files import saved_state
+from machina.files.saved_state import within
+from machina.files.snapshot import check_rng, nonfinite
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RANK_KEYS = ("env", "rollout", "losses", "rng")

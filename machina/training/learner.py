@@ -6,7 +6,8 @@ their ``loss_*`` terms, backward, grad-norm clip, optimizer step, ``zero_grad(se
 (``system.compile``) that whole update is one ``torch.compile``d function, and with ``graph``
 (``system.cuda_graphs``) one CUDA graph per token width, replayed on a static copy of each minibatch
 (``cuda_graph.py``); both are timed as ``train.update``. Metrics stay on the device and are summed; the trainer
-reads them once per epoch. Under torchrun the forward goes through DDP (``machina.distributed.wrap``), which averages
+reads them once per epoch. Under torchrun the forward goes through DDP (``machina.training.distributed.wrap``), which
+averages
 the gradients over the ranks during backward.
 """
 
@@ -17,13 +18,15 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import distributed, keys, saved_state
+from machina import keys
 from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
+from machina.files import saved_state
+from machina.files.saved_state import within
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
 from machina.policy.inputs import training_input
-from machina.saved_state import within
+from machina.training import distributed
 from machina.training.advantage import agent_major, compute_advantages, segment_major
 from machina.training.experience import Experience
 from machina.training.graphed_update import GraphedUpdate
@@ -33,7 +36,7 @@ NONNEGATIVE = ("step", "exp_avg_sq", "max_exp_avg_sq")
 
 
 class Learner:
-    """Updates the policy from a full experience buffer (``conf/learner``; built by ``machina.build``).
+    """Updates the policy from a full experience buffer (``conf/learner``; built by ``machina.startup.build``).
 
     Args:
         policy, losses, experience, optimizer, stopwatch: the parts it drives (injected).

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from torch import nn
 
-from machina import distributed
 from machina.evaluation.evaluator import Evaluator
 from machina.evaluation.gif import save_gif
+from machina.training import distributed
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,15 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import keys, saved_state
+from machina import keys
 from machina.errors import ConfigError
+from machina.files import saved_state
+from machina.files.saved_state import within
+from machina.files.snapshot import pack
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
-from machina.saved_state import within
 from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
-from machina.training.state import pack
 
 # What every stored step takes from the env's output for the action it executed.
 OUTCOME_KEYS = (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED)

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from machina import distributed
 from machina.errors import ConfigError, Interrupted, TrainingStopped
+from machina.files.saved_state import within
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss, Progress
-from machina.saved_state import within
+from machina.training import distributed
 from machina.training.checkpoint import Checkpointer
 from machina.training.curriculum import Curriculum
 from machina.training.epoch_metrics import buffer_metrics, episode_metrics, summarize
@@ -42,7 +42,7 @@ class Trainer:
 
     Args:
         total_timesteps: agent steps to train for, summed over the ranks under torchrun.
-        rollout, learner: the two phases of an epoch, built by ``machina.build`` (they hold the env, policy,
+        rollout, learner: the two phases of an epoch, built by ``machina.startup.build`` (they hold the env, policy,
             losses, buffer and optimizer).
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).

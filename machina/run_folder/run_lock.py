@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 from machina.errors import ConfigError
-from machina.files import missing_folders, remove_empty
+from machina.files.atomic import missing_folders, remove_empty
 
 NAME = ".machina.lock"
 

@@ -7,7 +7,8 @@ record. So conf/config.yaml and conf/eval.yaml set ``hydra.output_subdir: null``
 ``hydra.job_logging.handlers.file.delay: true`` (the log file is opened at its first record), and ``deferred()``
 holds the log records in memory until ``accept(folder)``. Then the record is written and the log file receives
 every record so far. Refused, the records go to the console only, and the folders Hydra made for the command (which
-``note_missing_folders`` saw absent before Hydra started) are removed again (``machina.run_lock`` undoes its own
+``note_missing_folders`` saw absent before Hydra started) are removed again (``machina.run_folder.run_lock`` undoes its
+own
 part: the lock file's line).
 
 The record is append-only: the first accepted start of a folder writes ``.hydra/``; a later one (a resume) writes
@@ -25,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from machina.files import atomic_write, missing_folders, remove_empty
+from machina.files.atomic import atomic_write, missing_folders, remove_empty
 
 RECORD = ".hydra"
 # Folders absent before Hydra started (set by ``note_missing_folders``, in the same process, before ``@hydra.main``).

@@ -3,7 +3,8 @@
 A Hydra folder is any folder with a ``.hydra/`` inside: a single run (``outputs/DATE/TIME``), one job of a sweep
 (``outputs/multirun/SWEEP/N_OVERRIDES``), or another program's output (``eval.py``'s ``outputs/eval/...``). It is a
 training run when its ``.hydra/config.yaml`` has a ``trainer`` node. Everything comes from files the run writes as
-it goes: ``metrics.jsonl`` (one row per finished epoch, read by ``machina.metrics_file``), ``.hydra/overrides.yaml``
+it goes: ``metrics.jsonl`` (one row per finished epoch, read by ``machina.files.metrics_file``),
+``.hydra/overrides.yaml``
 (a list), ``.hydra/hydra.yaml`` (job number, single run or sweep), ``resolved_config.yaml`` (written once the objects
 are built; a job that failed earlier only has ``.hydra/config.yaml``) and the log, ``train.log`` (its first line
 dates the start).
@@ -21,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from machina.errors import ConfigError
-from machina.metrics_file import number, read_file, read_rows, shorten
+from machina.files.metrics_file import number, read_file, read_rows, shorten
 
 # Hydra's job log format: "[time][logger][LEVEL] - message".
 ERROR_LINE = re.compile(r"\]\[(?:ERROR|CRITICAL)\] - (.*)")

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import saved_state
 from machina.errors import ConfigError
-from machina.saved_state import within
+from machina.files import saved_state
+from machina.files.saved_state import within
 
 MT_WORDS = 624  # words of a Mersenne Twister state (numpy's and python's RNGs)
 

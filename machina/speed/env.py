@@ -26,8 +26,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from machina.benchmarks.host_reads import count_host_reads
 from machina.env.machina_1 import Machina1Env
+from machina.speed.host_reads import count_host_reads
 
 POOL = 16  # random action batches, cycled
 

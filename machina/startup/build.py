@@ -18,12 +18,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from machina import distributed, keys
+from machina import keys
 from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
-from machina.system import System
+from machina.startup.system import System
+from machina.training import distributed
 from machina.training.cuda_graph import CudaGraph
 from machina.training.experience import Experience, trajectory_spec
 from machina.training.learner import Learner

@@ -29,8 +29,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from machina.errors import ConfigError
-from machina.resolvers import register
-from machina.run_record import note_missing_folders
+from machina.run_folder.run_record import note_missing_folders
+from machina.startup.resolvers import register
 
 # Keys that moved (old spelling -> new), so the command lines users type keep working; each use prints a note.
 RENAMED = {
@@ -112,7 +112,8 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
 
 def pin_run_folder(argv: list[str], overrides: list[Override], config_name: str) -> list[str]:
     """Resolve a single run's folder once, check it, and remember which of its folders do not exist yet
-    (``machina.run_record`` removes them again if the command is refused). A folder with an interpolation (the
+    (``machina.run_folder.run_record`` removes them again if the command is refused). A folder with an interpolation
+    (the
     default ``outputs/${now:...}``) is passed to Hydra resolved (``hydra.run.dir=<folder>``), so the folder checked
     here is the one Hydra makes, not one a second later."""
     given = folder_given(overrides, "hydra.run.dir")

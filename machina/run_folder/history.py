@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from machina import metrics_file
 from machina.errors import ConfigError
-from machina.files import atomic_write
+from machina.files import metrics_file
+from machina.files.atomic import atomic_write
 from machina.training.checkpoint import checkpoints, named_checkpoint, numbered
 
 log = logging.getLogger(__name__)

@@ -96,7 +96,7 @@ def measure(trainer) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> list[dict]:
     """``measure`` for policy=fast and policy=vit (or the policy the overrides name), on one env; again with the
     policy's widths shrunk (``NARROW``) for the policies it knows."""
-    from machina.benchmarks.training import Setup
+    from machina.speed.training import Setup
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. losses=[ppo,supervisor]")

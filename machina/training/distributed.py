@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from machina.errors import ConfigError, TrainingStopped
-from machina.system import resolve_device
+from machina.startup.system import resolve_device
 
 # Seconds a rank waits for its peers in init or in a collective before failing: the guard against a peer that hangs.
 # A peer that dies is caught sooner: torchrun stops the whole job as soon as one rank exits with an error.

@@ -9,7 +9,7 @@ For one configuration it measures, after a warm-up epoch:
 - ``learner_sps``: agent steps of a full buffer trained per second (all update epochs);
 - ``ceiling_sps = 1 / (1/env_sps + 1/inference_sps + 1/learner_sps)``: what the parts allow run back to back, and
   ``ceiling_ratio = sps / ceiling_sps`` (what the loop's own overhead leaves);
-- ``syncs_per_step``: host reads of tensors per rollout step (``machina.benchmarks.host_reads``), the per-phase time
+- ``syncs_per_step``: host reads of tensors per rollout step (``machina.speed.host_reads``), the per-phase time
   split, and peak memory.
 ``--compare KEY=A,B`` builds both configurations in one process and alternates their epochs, so both see the same
 machine state; it prints each one's numbers and the SPS ratio B/A.
@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from machina import keys, resolvers
-from machina.benchmarks.host_reads import count_host_reads
-from machina.build import Parts, build, build_trainer
+from machina import keys
 from machina.losses.base import Progress
 from machina.policy.inputs import next_state, rollout_input
+from machina.speed.host_reads import count_host_reads
+from machina.startup import resolvers
+from machina.startup.build import Parts, build, build_trainer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

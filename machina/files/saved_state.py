@@ -1,7 +1,7 @@
 """Checks of state read back from a file, for the code that restores it.
 
-A checkpoint can hold anything: its checksum proves no author (``machina.checksum``) and ``torch.load`` guarantees
-only plain data (``machina.torch_file``). So every entry is checked before it is used, and a bad one raises a
+A checkpoint can hold anything: its checksum proves no author (``machina.files.checksum``) and ``torch.load`` guarantees
+only plain data (``machina.files.torch_file``). So every entry is checked before it is used, and a bad one raises a
 ConfigError naming it. Names are relative to what the checking code was handed (``pos``, ``state.lstm_h``);
 ``within`` puts the name of the enclosing part in front (``ranks[0].env.pos``), and the loader the file's.
 """

@@ -5,7 +5,7 @@ no longer matches the digest sealed with it, and the file is refused before anyt
 guard: a deliberate edit. The digest is an unkeyed sha256 that anyone can recompute and seal into an edited file, so
 a matching checksum says only "this is what the writer meant to write", not who wrote it or that its values make
 sense. That is why everything a file holds is validated on load as if it could be anything: bounded plain data
-(``machina.torch_file``), the checkpoint's structure and types (``machina.training.checkpoint_schema``), finite
+(``machina.files.torch_file``), the checkpoint's structure and types (``machina.training.checkpoint_schema``), finite
 weights, and shapes, dtypes and value ranges where a part restores its state (the ``load_state_dict`` methods).
 
 The checksum is a sha256 over a canonical walk of the saved data, not over the file's bytes: the same data always
@@ -16,7 +16,7 @@ gives the same digest, whatever ``torch.save`` did with storages and zip layout.
 - any other value (numbers, strings, bools, None) as its type name and ``repr``,
 each prefixed with a tag and a length, so two different structures never feed the same bytes. The walk keeps its own
 stack (no recursion), so deeply nested data cannot exhaust Python's; a file's data reaches it only after
-``machina.torch_file`` has bounded its depth, size and kinds of values.
+``machina.files.torch_file`` has bounded its depth, size and kinds of values.
 """
 
 import hashlib

@@ -78,7 +78,7 @@ def number(row: dict, key: str) -> float | None:
 def read_file(path: Path) -> bytes | None:
     """The bytes of the regular file ``path``, None when nothing is there; ConfigError naming the path when
     something else is (a directory, a FIFO) or it cannot be read (no permission, an I/O error). Also how the other
-    files of a run folder are read (``machina.run_folders``)."""
+    files of a run folder are read (``machina.run_folder.reading``)."""
     try:
         # O_NONBLOCK: a FIFO in the file's place opens at once (and is refused below) instead of waiting for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
