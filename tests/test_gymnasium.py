@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from machina import keys
 from machina.env.gymnasium import GymnasiumEnv
 from machina.errors import ConfigError
-from machina.losses.base import Progress
+from machina.progress import Progress
 from machina.startup.build import build
 from tests.conftest import ROOT, compose_config, run_train
 

@@ -4,8 +4,8 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.losses.base import Progress
 from machina.losses.ppo import PPOLoss
+from machina.progress import Progress
 
 PROGRESS = Progress(0, 100)
 

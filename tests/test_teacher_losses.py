@@ -8,12 +8,12 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.errors import ConfigError
-from machina.losses.base import Progress
 from machina.losses.eer_cloner import EERClonerLoss
 from machina.losses.eer_kickstarter import EERKickstarterLoss
 from machina.losses.schedule import Linear
 from machina.losses.sliced_scripted_cloner import SlicedScriptedClonerLoss
 from machina.losses.supervisor import SupervisorLoss
+from machina.progress import Progress
 
 PROGRESS = Progress(0, 100)
 A = 5

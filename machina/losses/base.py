@@ -1,7 +1,6 @@
 """The interface every loss implements. The trainer calls these hooks and never names a loss."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -14,18 +13,7 @@ from machina.files import saved_state
 from machina.files.snapshot import pack
 from machina.keys import Spec
 from machina.losses.schedule import Linear
-
-
-@dataclass
-class Progress:
-    """Where training stands; losses read it for schedules (host ints, never device tensors)."""
-
-    agent_step: int
-    total_timesteps: int
-
-    @property
-    def fraction(self) -> float:
-        return min(self.agent_step / max(self.total_timesteps, 1), 1.0)
+from machina.progress import Progress
 
 
 class Loss(nn.Module):

@@ -22,10 +22,11 @@ from machina import keys
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
 from machina.losses.functional import sample_mean
 from machina.losses.schedule import Linear, as_schedule
 from machina.policy.inputs import next_state, rollout_input
+from machina.progress import Progress
 
 
 class EERKickstarterLoss(Loss):

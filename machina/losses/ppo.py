@@ -7,8 +7,9 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
 from machina.losses.functional import sample_mean
+from machina.progress import Progress
 
 
 class PPOLoss(Loss):

@@ -6,9 +6,10 @@ from tensordict import TensorDict
 from machina import keys
 from machina.env.spec import EnvSpec
 from machina.keys import Spec
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms, lead_with_teacher
 from machina.losses.schedule import Linear, as_schedule
+from machina.progress import Progress
 
 
 class SupervisorLoss(Loss):

@@ -27,7 +27,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from machina.losses.base import Progress
+from machina.progress import Progress
 
 TINY = ["env.num_envs=1", "experience.batch_size=64", "experience.bptt_horizon=16", "experience.minibatch_size=64"]
 # Every width of the policy shrunk to 8: the same graph of ops with almost no arithmetic.

@@ -25,8 +25,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from machina import keys
-from machina.losses.base import Progress
 from machina.policy.inputs import next_state, rollout_input
+from machina.progress import Progress
 from machina.speed.host_reads import count_host_reads
 from machina.startup import resolvers
 from machina.startup.build import Parts, build, build_trainer

@@ -16,7 +16,8 @@ from torch import nn
 
 from machina import keys
 from machina.errors import ConfigError
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
+from machina.progress import Progress
 from machina.training.cuda_graph import CapturedCall
 
 # The outputs of a graphed update that are not metrics.

@@ -24,8 +24,9 @@ from machina.errors import ConfigError
 from machina.files import saved_state
 from machina.files.saved_state import within
 from machina.logging.stopwatch import Stopwatch
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
 from machina.policy.inputs import training_input
+from machina.progress import Progress
 from machina.training import distributed
 from machina.training.advantage import agent_major, compute_advantages, segment_major
 from machina.training.experience import Experience

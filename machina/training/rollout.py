@@ -25,7 +25,8 @@ from machina.files import saved_state
 from machina.files.saved_state import within
 from machina.files.snapshot import pack
 from machina.logging.stopwatch import Stopwatch
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
+from machina.progress import Progress
 from machina.training.cuda_graph import CapturedCall
 from machina.training.experience import Experience
 

@@ -12,7 +12,8 @@ from torch import nn
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.files.saved_state import within
 from machina.logging.stopwatch import Stopwatch
-from machina.losses.base import Loss, Progress
+from machina.losses.base import Loss
+from machina.progress import Progress
 from machina.training import distributed
 from machina.training.checkpoint import Checkpointer
 from machina.training.curriculum import Curriculum
