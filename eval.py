@@ -7,7 +7,9 @@ a random policy, prints the rows, writes them to ``eval.json`` and (``replay=tru
 command line on top; ``env=<name>`` starts from that env's defaults instead.
 
 The run's settings are read as data (``machina.files.stored_config``, ``machina.env.factory``): nothing in them is
-resolved or instantiated, so a run folder or checkpoint from elsewhere cannot run code. Every setting of eval.py is
+resolved or instantiated, and their env class must be one of machina's own (``ENVS``), so a run folder or checkpoint
+from elsewhere cannot run code. An env class named by this command (``env=<name>``, ``env._target_=...``) is the
+user's choice and may be any ``machina.env.base.Env``. Every setting of eval.py is
 checked before anything is evaluated or written; a bad one ends it with one line and exit code 2.
 """
 
@@ -21,8 +23,10 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from machina import checks
 from machina.cli import report_errors
 from machina.env.factory import check_env_settings, env_factory, imported_module
 from machina.errors import ConfigError
@@ -33,13 +37,11 @@ from machina.files.stored_config import plain_mapping, read_yaml
 from machina.policy.io import load_policy, read_checkpoint_file
 from machina.run_folder import run_record
 from machina.startup import preflight, resolvers
-from machina.startup.system import resolve_device
-from machina.training.checkpoint import named_checkpoint
+from machina.training.checkpoint import named_checkpoint, run_folder_of
 
 resolvers.register()
 log = logging.getLogger("machina.eval")
 
-COLUMNS = ("return", "hearts_made", "hearts_deposited", "length")
 SETTINGS = ("checkpoint", "episodes", "greedy", "seed", "device", "replay", "replay_steps", "replay_fps", "replay_cell")
 MAX_SEED = 2**32 - 1  # as system.seed: numpy's generators take seeds below 2**32
 MAX_REPLAY_STEPS = 10_000  # the frames are held in memory: 10,000 at 24 pixels per cell of an 11x11 map are 3 GB
@@ -65,25 +67,27 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> None:
     check_output_folder(out_dir)
     path = named_checkpoint("checkpoint", str(cfg.checkpoint))
     policy, obs_spec = load_policy(path, device)
-    env_cfg, source, where = env_settings(cfg, path, overrides)
+    env_cfg, source, where, own_class = env_settings(cfg, path, overrides)
+    env_class = named_class(env_cfg.get("_target_")) if own_class else None
     try:
-        evaluator = Evaluator(env_factory(env_cfg, device), cfg.episodes, cfg.greedy, cfg.seed)
+        evaluator = Evaluator(env_factory(env_cfg, device, env_class), cfg.episodes, cfg.greedy, cfg.seed)
         evaluator.check(obs_spec, policy.num_actions)
     except ConfigError as err:
         raise ConfigError(f"{err} (env settings from {where})") from None
     frames = replay_frames(cfg, evaluator, policy)
     rows = evaluator.compare(policy)
 
-    columns = [c for c in COLUMNS if c in rows["policy"]]
+    columns = [name for name in rows["policy"] if f"{name}_std" in rows["policy"]]  # every stat the env reports
+    width = max(22, *(len(c) + 2 for c in columns))
     lines = [
         f"checkpoint {path}",
         f"env {env_cfg['_target_']} with {source}",
         f"{cfg.episodes} episodes, seed {cfg.seed}, {'greedy' if cfg.greedy else 'sampled'} actions",
-        f"{'':<8}" + "".join(f"{c:>22}" for c in columns),
+        f"{'':<8}" + "".join(f"{c:>{width}}" for c in columns),
     ]
     for name, row in rows.items():
         cells = (f"{row[c]:.3f} +- {row[c + '_std']:.3f}" for c in columns)
-        lines.append(f"{name:<8}" + "".join(f"{cell:>22}" for cell in cells))
+        lines.append(f"{name:<8}" + "".join(f"{cell:>{width}}" for cell in cells))
     if "teacher_agreement" in rows["policy"]:
         agreement = rows["policy"]["teacher_agreement"]
         lines.append(f"policy's agreement with the teacher (most likely action): {agreement:.3f}")
@@ -105,25 +109,17 @@ def check_settings(cfg: DictConfig) -> torch.device:
         raise ConfigError("give checkpoint=PATH: a policy file, a training checkpoint, or a run folder (its latest)")
     if isinstance(cfg.checkpoint, bool) or not isinstance(cfg.checkpoint, str | int):
         raise ConfigError(f"checkpoint={cfg.checkpoint!r} is not a path")
-    check_integer(cfg, "episodes", 1)
-    check_integer(cfg, "seed", 0, MAX_SEED)
+    checks.integer("episodes", cfg.episodes, 1)
+    checks.integer("seed", cfg.seed, 0, MAX_SEED)
     for key in ("greedy", "replay"):
-        if not isinstance(cfg[key], bool):
-            raise ConfigError(f"{key}={cfg[key]!r} must be true or false")
+        checks.flag(key, cfg[key])
     if cfg.replay_steps is not None:
-        check_integer(cfg, "replay_steps", 1, MAX_REPLAY_STEPS, " (or null: one full episode)")
+        checks.integer("replay_steps", cfg.replay_steps, 1, MAX_REPLAY_STEPS, " (or null: one full episode)")
     fps = cfg.replay_fps
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= MAX_REPLAY_FPS:
         raise ConfigError(f"replay_fps={fps!r} must be a number > 0 and <= {MAX_REPLAY_FPS} (GIF frames per second)")
-    check_integer(cfg, "replay_cell", 1, MAX_REPLAY_CELL, " (pixels per map cell)")
-    return resolve_device(cfg.device, key="device")
-
-
-def check_integer(cfg: DictConfig, key: str, low: int, high: int | None = None, what: str = "") -> None:
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bounds = f"in {low}..{high}" if high is not None else f">= {low}"
-        raise ConfigError(f"{key}={value!r} must be an integer {bounds}{what}")
+    checks.integer("replay_cell", cfg.replay_cell, 1, MAX_REPLAY_CELL, " (pixels per map cell)")
+    return checks.device("device", cfg.device)
 
 
 def check_output_folder(out_dir: Path) -> None:
@@ -163,11 +159,12 @@ def replay_frames(cfg: DictConfig, evaluator: Evaluator, policy: torch.nn.Module
     return evaluator.episode_frames(policy, cfg.replay_steps, cell=cfg.replay_cell)
 
 
-def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dict[str, Any], str, str]:
-    """The env settings to evaluate on, where they came from (for the table) and the place to name in errors: the
-    run's env settings (its resolved_config.yaml, else the checkpoint's stored config) with the command line's
-    ``env.<key>`` overrides on top; eval.yaml's env (with the overrides) when the command line picks ``env=<name>``
-    or the run's settings cannot be found.
+def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dict[str, Any], str, str, bool]:
+    """The env settings to evaluate on, where they came from (for the table), the place to name in errors, and
+    whether their ``_target_`` is this command's (eval.yaml's or the command line's: any env class) rather than a
+    file's (one of machina's envs): the run's env settings (its resolved_config.yaml, else the checkpoint's stored
+    config) with the command line's ``env.<key>`` overrides on top; eval.yaml's env (with the overrides) when the
+    command line picks ``env=<name>`` or the run's settings cannot be found.
 
     A Gymnasium env id naming a module (``my_pkg.envs:MyEnv-v0``) makes Gymnasium import it: from the run's settings
     it is refused, unless the command line gives ``env.id`` itself."""
@@ -177,7 +174,7 @@ def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dic
     chosen = OmegaConf.to_container(cfg.env, resolve=True)
     run = None if "env" in given else run_env(path)
     if run is None:
-        return chosen, "eval.yaml's env settings and the command line's", "eval.yaml and the command line"
+        return chosen, "eval.yaml's env settings and the command line's", "eval.yaml and the command line", True
     settings, where = run
     for key in env_keys:
         put(settings, key, lookup(chosen, key))
@@ -189,13 +186,23 @@ def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dic
             f"+env.id={settings['id']}"
         )
     changed = f", changed on the command line: {', '.join(env_keys)}" if env_keys else ""
-    return settings, f"the run's env settings ({where}){changed}", where
+    return settings, f"the run's env settings ({where}){changed}", where, "_target_" in env_keys
+
+
+def named_class(target: Any) -> type | None:
+    """The class this command's ``env._target_`` names (None when it names none: the factory refuses that)."""
+    if not isinstance(target, str):
+        return None
+    try:
+        return get_class(target)
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+        raise ConfigError(f"env._target_={target} names no class that can be imported ({err})") from None
 
 
 def run_env(path: Path) -> tuple[dict[str, Any], str] | None:
     """The env settings of the run that wrote ``path`` (checked: plain values naming one of machina's envs), and the
     file they came from; None if the run left none (a policy file outside a run folder)."""
-    folder = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    folder = run_folder_of(path)
     resolved = folder / "resolved_config.yaml"
     if resolved.is_file():
         config, where = read_yaml(resolved), str(resolved)

@@ -31,5 +31,5 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     # Keys that moved keep their old spelling; a misspelt option or key, or an unwritable run folder, stops here
     # (exit 2), before Hydra makes a run folder; the run folder is pinned, so the one checked is the one used.
-    sys.argv[1:] = preflight.check_or_exit(preflight.renamed(sys.argv[1:]), Path(__file__).resolve().parent / "conf")
+    sys.argv[1:] = preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     main()

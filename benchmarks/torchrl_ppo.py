@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(False)  # machina's default experiment: system.torch_deterministic=false
-    env = MachinaEnv(Machina1Env(seed=args.seed, teacher=False))
+    env = MachinaEnv(Machina1Env(seed=args.seed))
     actor, critic = make_actor_critic(env, args.embed_dim, args.hidden)
 
     # The policy is feed-forward and needs no env transforms; False also silences 0.14's FutureWarning, which

@@ -3,18 +3,17 @@ accept the checkpoint it resumes from (if any), and only then write the run fold
 run the trainer. Library code receives objects, never a DictConfig.
 
 Every check comes before any write, so a refused command leaves the disk as it was: the settings (``validation``),
-the folder's lock (``machina.run_folder.run_lock``), where the run continues from (``machina.run_folder.history``), the
-checkpoint (its
-checksum, its structure, and the policy it holds: allow-listed plain data), the parts (each constructor checks its
-own values, and a part too large for memory is refused), and the restore of the checkpoint into the built trainer.
+the folder's lock (``machina.run_folder.run_lock``), where the run continues from (``machina.run_folder.history``),
+the checkpoint (its checksum, its structure, and the policy it holds: allow-listed plain data), the parts (each
+constructor checks its own values, and a part too large for memory is refused; the sinks are built, not opened), and
+the restore of the checkpoint into the built trainer.
 Then the command is accepted: Hydra's record (``.hydra/``) and the log are written (``machina.run_folder.run_record``),
-a
-rewound future is moved aside (``history.rewind``), and resolved_config.yaml, metrics.jsonl, W&B and the
-checkpoints follow.
+a rewound future is moved aside (``history.rewind``), and resolved_config.yaml, the sinks of the ``logger`` group
+(``machina.logging.sink``: metrics.jsonl, W&B, ...) and the checkpoints follow.
 
 Under torchrun every rank runs this; rank 0 chooses the run folder, takes the lock and decides the checkpoint to
 resume from, and every rank uses its decision (or stops with its refusal); rank 0 alone writes the run folder,
-metrics.jsonl, W&B and checkpoints (docs/distributed.md).
+its sinks and checkpoints (docs/distributed.md).
 """
 
 import logging
@@ -27,15 +26,14 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from machina import checks
 from machina.cli import new_folder_command
-from machina.env.factory import env_factory
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
-from machina.logging.identity import wandb_identity
-from machina.logging.sinks import ConsoleSink, JsonlSink, WandbSink
+from machina.logging.sink import Sinks
 from machina.run_folder import history, run_record
 from machina.run_folder.run_lock import RunLock
-from machina.startup.build import build, build_trainer
+from machina.startup.build import build, build_sinks, build_trainer
 from machina.startup.validation import check_run
 from machina.training import distributed
 from machina.training.checkpoint import Checkpointer, load_checkpoint
@@ -60,6 +58,7 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
         run_record.not_writing(run_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     check_run(resolved)
+    check_run_settings(resolved)
     main = distributed.rank() == 0
     lock = RunLock(run_dir)
     with ExitStack() as held:
@@ -79,13 +78,14 @@ def run_locked(
     checkpoint = load_checkpoint(resume_from) if resume_from else None
     parts = build(cfg, distributed.rank())
     env, policy = parts.env, parts.policy
-    # A resume logs into the checkpoint's W&B run; a new run gets its id here, so its first checkpoint records it.
+    # The run's id (the sinks' RunInfo.id: W&B's run id): a resume keeps the checkpoint's, so W&B continues that
+    # run; a new run gets its id here, so its first checkpoint records it.
     run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
     checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
-    evaluator = periodic_eval(cfg, resolved, parts, run_dir, None)  # on every rank: each plays a share
-    # The sinks open below, once the resume is accepted.
-    trainer = build_trainer(cfg, parts, sinks=[], checkpointer=checkpointer, evaluator=evaluator)
-    wandb = None
+    evaluator = periodic_eval(cfg, parts, run_dir)  # on every rank: each plays a share
+    # Rank 0 logs; its sinks open below, once the resume is accepted.
+    sinks = build_sinks(cfg, run_dir, run_id, resolved) if main else Sinks()
+    trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer, evaluator=evaluator)
     if checkpoint:
         checkpointer.restore(trainer, checkpoint, resume_from)
     if main:  # accepted: from here on the run folder changes
@@ -98,14 +98,7 @@ def run_locked(
             checkpointer.latest = resume_from if resume_from.exists() else None
         checkpointer.prepare()
         prepare_run_dir(run_dir, resolved)
-        wandb = WandbSink(directory=run_dir, config=resolved, run_id=run_id, **wandb_identity(cfg))
-        trainer.sinks = [
-            ConsoleSink(cfg.trainer.total_timesteps),
-            JsonlSink(run_dir / "metrics.jsonl"),
-            wandb,
-        ]
-        if evaluator is not None:
-            evaluator.wandb = wandb  # replays go to W&B as media
+        sinks.open()
     log.info(
         "run %s | %s agents x %d ranks | losses %s | emit_full_log_probs=%s | device %s",
         run_dir,
@@ -120,28 +113,26 @@ def run_locked(
         if distributed.world_size() > 1:
             digest = distributed.check_in_sync(policy)
             log.info("policy parameters identical on all %d ranks (digest %s)", distributed.world_size(), digest)
-        if wandb:
-            wandb.summarize(summary)
-    except BaseException as err:  # an interrupted or failed run must not look finished in W&B
-        if wandb:
-            wandb.stop(err, summarize(trainer.history))
+        sinks.summarize(summary)
+    except BaseException as err:  # an interrupted or failed run must not look finished: the sinks hear why
+        sinks.summarize(summarize(trainer.history))
+        sinks.close(err)
         raise
-    finally:
-        for sink in trainer.sinks:
-            sink.close()
+    sinks.close()
     log.info("done: %s", ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     return summary[cfg.objective]
 
 
-def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) -> PeriodicEval | None:
-    """The evaluator of ``trainer.eval_interval`` / ``trainer.replay_interval``, or None when both are 0. It builds
-    its envs from the run's env settings, as the builder does."""
+def periodic_eval(cfg: DictConfig, parts, run_dir: Path) -> PeriodicEval | None:
+    """The evaluator of ``trainer.eval_interval`` / ``trainer.replay_interval`` playing as the ``evaluation`` node
+    says, or None when both intervals are 0. It builds its envs with the builder's env factory (``parts.make_env``):
+    the run's env settings, the same checks."""
+    settings = cfg.evaluation
     if not (cfg.trainer.eval_interval or cfg.trainer.replay_interval):
         return None
-    settings = cfg.trainer.evaluation
     # Every rank plays its share of the episodes; its seed (system.seed + rank) gives it its own layouts.
     evaluator = Evaluator(
-        env_factory(resolved["env"], parts.device),
+        parts.make_env,
         episodes=math.ceil(settings.episodes / distributed.world_size()),
         greedy=settings.greedy,
         seed=parts.system.seed + settings.seed_offset,
@@ -151,7 +142,26 @@ def periodic_eval(cfg: DictConfig, resolved: dict, parts, run_dir: Path, wandb) 
             evaluator.env(num_envs=1).render(0)
         except NotImplementedError as err:
             raise ConfigError(f"{err}; set trainer.replay_interval=0") from None
-    return PeriodicEval(evaluator, run_dir / "replays", wandb)
+    return PeriodicEval(evaluator, run_dir / "replays")
+
+
+def check_run_settings(resolved: dict) -> None:
+    """The settings this module reads itself, checked before anything is written: ``logger`` keeps jsonl (resume,
+    compare and plot read metrics.jsonl), and ``evaluation`` holds episodes, greedy and seed_offset."""
+    if "jsonl" not in (resolved.get("logger") or {}):
+        raise ConfigError(
+            "logger has no jsonl: every training run writes metrics.jsonl (resume, compare and plot read it); keep "
+            "it in the list, e.g. logger=[console,jsonl,csv]"
+        )
+    evaluation = resolved.get("evaluation")
+    if not isinstance(evaluation, dict):
+        raise ConfigError(f"evaluation must be a mapping of episodes, greedy, seed_offset; got {evaluation!r}")
+    unknown = sorted(set(evaluation) - {"episodes", "greedy", "seed_offset"})
+    if unknown:
+        raise ConfigError(f"evaluation has unknown keys {unknown}; it takes episodes, greedy, seed_offset")
+    checks.integer("evaluation.episodes", evaluation.get("episodes"), low=1)
+    checks.flag("evaluation.greedy", evaluation.get("greedy"))
+    checks.integer("evaluation.seed_offset", evaluation.get("seed_offset"), low=0)
 
 
 def prepare_run_dir(run_dir: Path, resolved: dict) -> None:

@@ -36,21 +36,6 @@ def wandb_dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
-def preset_overrides(name: str) -> list[str]:
-    """The settings of ``experiments/<name>.yaml`` as command-line overrides: a preset's values combined with another
-    preset (the experiment group takes one option)."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.load(ROOT / "experiments" / f"{name}.yaml")
-
-    def flat(prefix, value):
-        if OmegaConf.is_dict(value):
-            return [o for k, v in value.items() for o in flat(f"{prefix}{k}.", v)]
-        return [f"{prefix[:-1]}={value}"]
-
-    return flat("", node)
-
-
 def run_train(args, cwd=ROOT, timeout=600, env_extra=None):
     """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
     import subprocess

@@ -28,7 +28,7 @@ from tests.conftest import ROOT, compose_config
 
 EPOCH = 512  # agent steps per epoch below: 8 envs x 4 agents x 16 steps
 TINY = [
-    "experiment=debug",
+    "debug=tiny",
     "env.num_envs=8",
     f"experience.batch_size={EPOCH}",
     "policy.encoder.embed_dim=32",
@@ -73,7 +73,7 @@ def without_timing(rows: list[dict]) -> list[dict]:
 def random_policy_file(path):
     """Write a policy file with random weights (TINY's policy and env) to ``path``; return ``path``."""
     cfg = compose_config(TINY)
-    env = instantiate(cfg.env, teacher=False)
+    env = instantiate(cfg.env)  # only its spec is read
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
     torch.save(policy_payload(policy, OmegaConf.to_container(cfg.policy, resolve=True), env.spec.obs), path)
     return path

@@ -72,7 +72,7 @@ def test_a_region_that_cannot_hold_the_map_is_refused(region, match):
 
 
 def test_configure_changes_the_maps_of_episodes_that_start_after_it_only():
-    env = Machina1Env(num_envs=8, max_steps=5, stagger=False, teacher=True)
+    env = Machina1Env(num_envs=8, max_steps=5, stagger=False, outputs={keys.TEACHER_ACTIONS})
     noop = torch.zeros(env.num_agents, dtype=torch.int64)
     assert env.settings() == {"region_size": None}
     env.step(noop)
@@ -122,7 +122,7 @@ def test_curriculum_refuses_malformed_stages(stages, match):
 def test_a_stage_the_env_refuses_stops_the_run_before_it_writes_anything(tmp_path):
     run_dir = tmp_path / "run"
     stages = "trainer.curriculum=[{until:100000,env:{region_size:9}},{until:200000,env:{region_size:3}}]"
-    result = run_train(["experiment=debug", stages, f"hydra.run.dir={run_dir}", "wandb=disabled"])
+    result = run_train(["debug=tiny", stages, f"hydra.run.dir={run_dir}", "wandb=disabled"])
     assert result.returncode == 2
     assert re.search(
         r"trainer\.curriculum\[1\]\.env: \d+ agents and objects do not fit in a 3x3 region",
@@ -157,8 +157,8 @@ class Rows:
 
 
 def test_training_runs_each_stage_on_its_maps_logs_the_stage_and_ends_on_the_default_env():
-    """experiment=debug: 3 epochs of 1,024 agent steps; stage 0 (region 5) for the first epoch only."""
-    cfg = compose_config(["experiment=debug", "trainer.curriculum=[{until:1024,env:{region_size:5}}]"])
+    """debug=tiny: 3 epochs of 1,024 agent steps; stage 0 (region 5) for the first epoch only."""
+    cfg = compose_config(["debug=tiny", "trainer.curriculum=[{until:1024,env:{region_size:5}}]"])
     trainer = build_trainer(cfg, build(cfg), sinks=[])
     sink = Rows()
     trainer.sinks = [sink]

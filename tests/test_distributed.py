@@ -24,8 +24,8 @@ from machina.training.checkpoint import load_checkpoint
 from tests.conftest import ROOT, compose_config
 from tests.wandb_reader import find_runs, read_run
 
-PER_RANK = 1024  # agent steps per rank per epoch (experiment=debug): 16 envs x 4 agents x 16 steps
-TINY = ["experiment=debug", "trainer.checkpoint_interval=1"]
+PER_RANK = 1024  # agent steps per rank per epoch (debug=tiny): 16 envs x 4 agents x 16 steps
+TINY = ["debug=tiny", "trainer.checkpoint_interval=1"]
 
 
 class FailOnRank(Loss):

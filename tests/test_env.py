@@ -13,6 +13,8 @@ from machina.env.machina_1 import Machina1Env
 from machina.env.render import render_ascii, render_frame, save_png
 from machina.errors import ConfigError
 
+TEACHER = frozenset({keys.TEACHER_ACTIONS})
+
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)
 CARBON, HEART = 0, 4
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def hand_env(rows, **kwargs):
     """An env on a hand-made map, no shaping unless asked, long episodes."""
-    settings = dict(max_steps=1000, teacher=False, resource_reward=0.0, heart_made_reward=0.0, seed=0)
+    settings = dict(max_steps=1000, resource_reward=0.0, heart_made_reward=0.0, seed=0)
     return Machina1Env.from_ascii(rows, **{**settings, **kwargs})
 
 
@@ -110,7 +112,7 @@ def test_truncation_resets_in_place_and_accumulates_stats():
 
 
 def test_first_episodes_are_staggered_and_resets_per_step_are_bounded():
-    env = Machina1Env(num_envs=64, max_steps=20, teacher=False, seed=3)
+    env = Machina1Env(num_envs=64, max_steps=20, seed=3)
     env.reset()
     ends = []
     for _ in range(40):
@@ -127,7 +129,7 @@ def test_first_episodes_are_staggered_and_resets_per_step_are_bounded():
 
 
 def test_reset_path_resets_exactly_the_ended_envs():
-    env = Machina1Env(num_envs=40, max_steps=10, teacher=True, seed=5)
+    env = Machina1Env(num_envs=40, max_steps=10, outputs=TEACHER, seed=5)
     env.reset()
     for _ in range(25):
         before = {k: v.clone() for k, v in env.state.items()}
@@ -169,18 +171,18 @@ def test_same_seed_same_trajectories_and_different_seed_differs():
     ],
 )
 def test_invalid_actions_raise_value_error(bad, match):
-    env = Machina1Env(num_envs=2, teacher=False)
+    env = Machina1Env(num_envs=2)
     with pytest.raises(ValueError, match=match):
         env.step(bad)
 
 
 def test_int32_actions_are_accepted():
-    env = Machina1Env(num_envs=2, teacher=False)
+    env = Machina1Env(num_envs=2)
     assert env.step(torch.ones(8, dtype=torch.int32))[keys.OBS].shape == (8, 128, 3)
 
 
 def test_state_dict_round_trip_resumes_identically(tmp_path):
-    env = Machina1Env(num_envs=6, max_steps=15, seed=1)
+    env = Machina1Env(num_envs=6, max_steps=15, seed=1, outputs=TEACHER)
     g = torch.Generator().manual_seed(0)
     acts = [torch.randint(0, env.num_actions, (env.num_agents,), generator=g) for _ in range(40)]
     env.reset()
@@ -188,7 +190,7 @@ def test_state_dict_round_trip_resumes_identically(tmp_path):
         env.step(a)
     torch.save(env.state_dict(), tmp_path / "env.pt")
     expected = [env.step(a) for a in acts[10:]]
-    resumed = Machina1Env(num_envs=6, max_steps=15, seed=99)
+    resumed = Machina1Env(num_envs=6, max_steps=15, seed=99, outputs=TEACHER)
     resumed.load_state_dict(torch.load(tmp_path / "env.pt", weights_only=True))
     for a, want in zip(acts[10:], expected, strict=True):
         got = resumed.step(a)
@@ -199,22 +201,22 @@ def test_state_dict_round_trip_resumes_identically(tmp_path):
 
 
 def test_reset_output_keys_shapes_and_spec():
-    env = Machina1Env(num_envs=3)
+    env = Machina1Env(num_envs=3, outputs=TEACHER)
     td = env.reset()
     assert td.batch_size == (12,) and env.num_agents == 12 and env.device == torch.device("cpu")
     assert td[keys.OBS].dtype == torch.uint8 and td[keys.OBS].shape == (12, 128, 3)
     assert td[keys.REWARDS].dtype == torch.float32 and not td[keys.REWARDS].any()
     assert td[keys.TEACHER_ACTIONS].dtype == torch.int64 and td[keys.TEACHER_ACTIONS].shape == (12,)
     spec = env.spec
-    assert spec.num_actions == 21 and len(spec.action_names) == 21 and spec.provides_teacher
+    assert spec.num_actions == 21 and spec.outputs == TEACHER
     assert spec.obs.window == 11 and spec.obs.num_features == len(spec.obs.feature_norms) == 9
     assert int(td[keys.OBS][:, :, 1][td[keys.OBS][:, :, 0] != 0xFF].max()) < spec.obs.num_features
-    assert keys.TEACHER_ACTIONS not in Machina1Env(num_envs=3, teacher=False).reset().keys()
+    assert keys.TEACHER_ACTIONS not in Machina1Env(num_envs=3).reset().keys()  # asked for nothing: not computed
 
 
 def test_hydra_config_instantiates_the_env():
     cfg = OmegaConf.load(ROOT / "conf" / "env" / "machina_1.yaml")
-    env = instantiate(cfg, num_envs=2, teacher=False)
+    env = instantiate(cfg, num_envs=2)
     assert isinstance(env, Machina1Env) and env.num_agents == 8 and env.spec.num_actions == 21
 
 
@@ -247,7 +249,7 @@ def test_obs_specs_round_trip_through_plain_data_and_refuse_anything_else():
 
 
 def test_without_stagger_every_env_plays_whole_episodes_and_last_episodes_holds_each_env_s_stats():
-    env = Machina1Env(num_envs=5, max_steps=12, seed=2, stagger=False)
+    env = Machina1Env(num_envs=5, max_steps=12, seed=2, stagger=False, outputs=TEACHER)
     assert env.state["t"].tolist() == [0] * 5
     returns = torch.zeros(5)
     for step in range(12):
@@ -277,7 +279,7 @@ def test_without_stagger_every_env_plays_whole_episodes_and_last_episodes_holds_
         ("extractors_per_resource", 0, "env.extractors_per_resource=0 must be an integer >= 1"),
         ("obstacle_density", 1.0, "env.obstacle_density=1.0 must be a number in [0, 1)"),
         ("heart_reward", float("nan"), "env.heart_reward=nan must be a finite number"),
-        ("teacher", "yes", "env.teacher='yes' must be true or false"),
+        ("stagger", "yes", "env.stagger='yes' must be true or false"),
         ("width", 499, "env.height=11 plus env.width=499 must be at most 500"),
         ("max_tokens", 21, "env.max_tokens=21 is too small: every observation must hold 22 tokens"),
         ("obstacle_density", 0.9, "do not fit in a 11x11 interior"),
@@ -291,7 +293,9 @@ def test_invalid_settings_are_refused_naming_the_setting_and_value(setting, valu
 
 def test_max_tokens_at_the_minimum_keeps_every_uncut_token():
     # 6 centre + 2 per agent + 1 per extractor = 6 + 8 + 4 with one extractor per resource.
-    env = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=18, extractor_cooldown=50, seed=1)
+    env = Machina1Env(
+        num_envs=3, extractors_per_resource=1, max_tokens=18, extractor_cooldown=50, seed=1, outputs=TEACHER
+    )
     big = Machina1Env(num_envs=3, extractors_per_resource=1, max_tokens=200, extractor_cooldown=50, seed=1)
     for _ in range(30):
         a = env.observe()[keys.TEACHER_ACTIONS]
@@ -311,13 +315,13 @@ def play(env, steps, seed=0):
 @pytest.mark.parametrize("saved_with, resumed_with", [(False, True), (True, False)])
 def test_state_dict_resumes_across_teacher_on_and_off(saved_with, resumed_with):
     settings = dict(num_envs=6, max_steps=9, seed=4)
-    env = Machina1Env(teacher=saved_with, **settings)
+    env = Machina1Env(outputs=TEACHER if saved_with else (), **settings)
     play(env, 13)
     state = env.state_dict()
-    reference = Machina1Env(teacher=True, **settings)  # the uninterrupted run, with the teacher for comparison
+    reference = Machina1Env(outputs=TEACHER, **settings)  # the uninterrupted run, with the teacher for comparison
     play(reference, 13)
     want, want_stats = play(reference, 20)
-    resumed = Machina1Env(teacher=resumed_with, **{**settings, "seed": 99})
+    resumed = Machina1Env(outputs=TEACHER if resumed_with else (), **{**settings, "seed": 99})
     resumed.load_state_dict(state)
     got, got_stats = play(resumed, 20)
     for g, w in zip(got, want, strict=True):
@@ -341,7 +345,7 @@ def test_state_dict_holds_what_resume_needs_not_derived_fields():
 
 
 def test_ended_envs_restart_from_the_pool_in_ring_order_and_the_step_draws_no_random_numbers():
-    env = Machina1Env(num_envs=8, max_steps=4, teacher=False, seed=6)
+    env = Machina1Env(num_envs=8, max_steps=4, seed=6)
     grids = env.episodes.views(env.pool.rows)["grid"].clone()
     rng = env.generator.get_state()
     taken = []
@@ -360,7 +364,7 @@ def test_ended_envs_restart_from_the_pool_in_ring_order_and_the_step_draws_no_ra
 
 def test_a_rollout_longer_than_the_pool_reuses_its_rows_deterministically():
     def run():
-        env = Machina1Env(num_envs=4, max_steps=3, teacher=False, seed=8)
+        env = Machina1Env(num_envs=4, max_steps=3, seed=8)
         grids = []
         for _ in range(30):  # 10 ends per env, 40 restarts from a pool of 4 rows with no refill
             env.step(torch.ones(env.num_agents, dtype=torch.int64))

@@ -9,6 +9,8 @@ from machina.env.grid import GOAL_ASSEMBLER, GOAL_CHEST
 from machina.env.machina_1 import Machina1Env
 from machina.env.teacher import INF
 
+TEACHER = frozenset({keys.TEACHER_ACTIONS})
+
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)
 MAZE = [
     "#########",
@@ -36,7 +38,7 @@ def bfs_use_distance(rows: list[str], target: str) -> dict[tuple[int, int], int]
 
 
 def test_distance_fields_match_a_plain_bfs():
-    env = Machina1Env.from_ascii(MAZE, max_steps=500, extractors_per_resource=1)
+    env = Machina1Env.from_ascii(MAZE, max_steps=500, extractors_per_resource=1, outputs=TEACHER)
     g = env.geom
     for kind, char in ((0, "C"), (GOAL_ASSEMBLER, "&"), (GOAL_CHEST, "=")):
         want = bfs_use_distance(MAZE, char)
@@ -49,7 +51,9 @@ def test_distance_fields_match_a_plain_bfs():
 
 
 def test_teacher_walks_the_shortest_path_then_crafts_and_deposits():
-    env = Machina1Env.from_ascii(MAZE, max_steps=500, extractors_per_resource=1, heart_made_reward=0, resource_reward=0)
+    env = Machina1Env.from_ascii(
+        MAZE, max_steps=500, extractors_per_resource=1, heart_made_reward=0, resource_reward=0, outputs=TEACHER
+    )
     start = bfs_use_distance(MAZE, "C")[(1, 1)]
     td = env.observe()
     for _ in range(start):
@@ -78,7 +82,7 @@ def mean_return(env: Machina1Env, steps: int, policy) -> float:
 
 
 def test_teacher_scores_many_times_random_play():
-    make = lambda: Machina1Env(num_envs=16, max_steps=100, seed=11)  # noqa: E731
+    make = lambda: Machina1Env(num_envs=16, max_steps=100, seed=11, outputs=TEACHER)  # noqa: E731
     g = torch.Generator().manual_seed(0)
     teacher = mean_return(make(), 300, lambda td: td[keys.TEACHER_ACTIONS])
     random = mean_return(make(), 300, lambda td: torch.randint(0, 21, (64,), generator=g))

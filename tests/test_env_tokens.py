@@ -46,7 +46,7 @@ def expected_tokens(env: Machina1Env, agent: int) -> list[tuple[int, int, int, i
 
 
 def test_tokens_decode_back_to_the_grid_for_every_agent():
-    env = Machina1Env(num_envs=6, max_steps=50, extractor_cooldown=20, seed=2)
+    env = Machina1Env(num_envs=6, max_steps=50, extractor_cooldown=20, seed=2, outputs={keys.TEACHER_ACTIONS})
     g = torch.Generator().manual_seed(1)
     td = env.reset()
     teacher = td[keys.TEACHER_ACTIONS]
@@ -62,7 +62,7 @@ def test_tokens_decode_back_to_the_grid_for_every_agent():
 
 def test_own_inventory_at_centre_and_others_vibe_and_cooldown_visible():
     rows = ["#######", "#0C.1.#", "#.....#", "#2...3#", "#######"]
-    env = Machina1Env.from_ascii(rows, max_steps=100, extractor_cooldown=6, teacher=False)
+    env = Machina1Env.from_ascii(rows, max_steps=100, extractor_cooldown=6)
     a = torch.zeros(env.num_agents, dtype=torch.int64)
     a[0], a[1] = EAST, 5 + 3  # agent 0 gathers carbon, agent 1 sets vibe 3
     obs = env.step(a)[keys.OBS]
@@ -94,7 +94,7 @@ def test_when_tokens_overflow_the_farthest_map_tokens_are_dropped():
 
 
 def test_compaction_keeps_order_pads_and_cuts_at_max_tokens():
-    env = Machina1Env(num_envs=16, max_tokens=22, teacher=False)  # 64 agents, 22 tokens (the smallest allowed)
+    env = Machina1Env(num_envs=16, max_tokens=22)  # 64 agents, 22 tokens (the smallest allowed)
     n, c = env.encoder.candidates.shape
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 1 << 24, (n, c), generator=g, dtype=torch.int32)  # three random bytes each
@@ -108,6 +108,6 @@ def test_compaction_keeps_order_pads_and_cuts_at_max_tokens():
 
 
 def test_max_tokens_sets_the_observation_width():
-    env = Machina1Env(num_envs=2, max_tokens=30, teacher=False)
+    env = Machina1Env(num_envs=2, max_tokens=30)
     obs = env.reset()[keys.OBS]
     assert obs.shape == (8, 30, 3) and obs.is_contiguous()

@@ -15,6 +15,7 @@ from tensordict import TensorDict
 from machina import keys
 from machina.env.base import Env
 from machina.env.factory import env_factory
+from machina.env.machina_1 import STAT_NAMES
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.evaluation.actors import PolicyActor, random_actor
@@ -56,7 +57,7 @@ def test_evaluation_is_reproducible_and_the_teacher_beats_random(tiny):
 
 def test_policy_actor_counts_agreement_with_the_teacher(tiny):
     _, evaluator, policy = tiny
-    env = evaluator.env()
+    env = evaluator.env(outputs=frozenset({keys.TEACHER_ACTIONS}))
     step = env.reset().clone()
     step[keys.EPISODE_START] = torch.ones(env.spec.num_agents)
     n = env.spec.num_agents
@@ -95,9 +96,9 @@ def test_replay_frames_cover_one_episode_or_the_steps_asked(tiny, tmp_path):
 class Countdown(Env):
     """A test env of variable-length episodes: env i's episodes last i + 2 steps; reward 1 per step; vector obs."""
 
-    def __init__(self, num_envs: int, seed: int, device: str = "cpu", teacher: bool = False, stagger: bool = True):
+    def __init__(self, num_envs: int, seed: int, device: str = "cpu", outputs=frozenset(), stagger: bool = True):
         self.device = torch.device(device)
-        self.spec = EnvSpec(num_envs, 1, 3, VectorObsSpec(2), ("a", "b", "c"), False, False)
+        self.spec = EnvSpec(num_envs, 1, 3, VectorObsSpec(2), frozenset(), False)
         self.length = torch.arange(num_envs) + 2
         self.t, self.ended, self.last = torch.zeros(num_envs), torch.zeros(num_envs), torch.zeros(num_envs)
 
@@ -125,7 +126,10 @@ class Countdown(Env):
 
 def test_episodes_of_variable_length_count_each_env_s_first_episode_up_to_the_step_limit():
     evaluator = Evaluator(lambda **settings: Countdown(**settings), episodes=5)
-    assert evaluator.spec.provides_teacher is False and evaluator.env(teacher=True).spec.provides_teacher is False
+    assert evaluator.spec.outputs == frozenset()  # no teacher: the evaluator asks for no output it does not declare
+    policy = instantiate(compose_config(["policy=mlp"]).policy, obs_spec=VectorObsSpec(2), num_actions=3)
+    rows = evaluator.compare(policy)
+    assert rows.keys() == {"policy", "random"} and "teacher_agreement" not in rows["policy"]
 
     def lengths(step_limit):
         actor = random_actor(3, torch.Generator().manual_seed(0))
@@ -148,6 +152,8 @@ def test_eval_py_writes_eval_json_and_a_replay_with_the_table_unprefixed(tiny, t
     log = (out / "eval.log").read_text()
     assert f"checkpoint {tmp_path / 'policy.pt'}" in log and "eval.yaml's env settings" in log
     assert any(line.startswith("teacher ") for line in log.splitlines())  # a row with no log prefix
+    header = next(line for line in log.splitlines() if line.startswith(" " * 8))
+    assert header.split() == [name for name in STAT_NAMES if name != "episodes"]  # every stat the env reports
     assert "teacher " in result.stderr + result.stdout
     with Image.open(out / "replay.gif") as gif:
         assert gif.n_frames == 5
@@ -188,7 +194,7 @@ def test_periodic_eval_rows_and_replays_during_training(tmp_path):
             "trainer.total_timesteps=5120",
             "trainer.eval_interval=2",
             "trainer.replay_interval=4",
-            "trainer.evaluation.episodes=4",
+            "evaluation.episodes=4",
             "wandb=disabled",
             f"hydra.run.dir={run_dir}",
         ]

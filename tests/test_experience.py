@@ -1,5 +1,7 @@
-"""Buffer arithmetic and its errors, row-aligned storing, row-start state."""
+"""Buffer arithmetic and its errors, row-aligned storing, row-start state, and the verbs training uses: trajectories,
+minibatches with their state and weights, recorded ratios, the token-compacted training view, its statistics."""
 
+import math
 from functools import partial
 
 import pytest
@@ -7,10 +9,11 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
 from machina.startup.build import merge_specs
 from machina.training.experience import Experience
-from machina.training.samplers import Sequential
+from machina.training.samplers import Prioritized, Sequential
 
 SPEC = {keys.OBS: ((2, 3), torch.uint8), keys.REWARDS: ((), torch.float32), keys.ACTIONS: ((), torch.int64)}
 STATE = {keys.HIDDEN: ((4,), torch.float32)}
@@ -99,3 +102,126 @@ def test_merge_specs_unions_and_refuses_conflicts():
     assert set(merge_specs({"policy": a, "supervisor": b})) == {keys.ACTIONS, keys.TEACHER_ACTIONS}
     with pytest.raises(ConfigError, match="'actions' is declared as .* by policy and as .* by bad"):
         merge_specs({"policy": a, "bad": {keys.ACTIONS: ((), torch.float32)}})
+
+
+# The verbs the rollout and the learner use instead of the buffer's tensors.
+TRAIN_SPEC = {
+    keys.OBS: ((6, 3), torch.uint8),
+    keys.ACT_LOG_PROB: ((), torch.float32),
+    keys.VALUES: ((), torch.float32),
+    keys.REWARDS: ((), torch.float32),
+}
+
+
+def filled(sampler=None, compact_tokens=True, widths=(2, 4)) -> Experience:
+    """4 agents x 2 passes x 4 steps; step t of agent i has reward 100 i + t, hidden state t at its row start, and
+    observations whose first ``widths[pass]`` token slots are real (the rest padding)."""
+    sampler = sampler or partial(Sequential, shuffle=False)
+    exp = Experience(TRAIN_SPEC, STATE, 4, 32, 4, 8, sampler, compact_tokens=compact_tokens)
+    exp.reset_for_rollout()
+    for t in range(8):
+        obs = torch.full((4, 6, 3), PAD_TOKEN, dtype=torch.uint8)
+        obs[:, : widths[t // 4]] = t
+        step = {
+            keys.OBS: obs,
+            keys.ACT_LOG_PROB: torch.full((4,), -1.0),
+            keys.VALUES: torch.full((4,), 0.5),
+            keys.REWARDS: torch.arange(4) * 100.0 + t,
+        }
+        exp.store(step, TensorDict({keys.HIDDEN: torch.full((4, 4), float(t))}, batch_size=[4]))
+    return exp
+
+
+def test_trajectories_are_each_agents_steps_in_time_order_and_to_rows_inverts_them():
+    exp = filled()
+    rewards = exp.trajectories(keys.REWARDS)
+    assert rewards.tolist() == [[100.0 * i + t for t in range(8)] for i in range(4)]
+    assert torch.equal(exp.to_rows(rewards), exp.rows(keys.REWARDS))
+    assert exp.stores(keys.REWARDS) and not exp.stores(keys.FINAL_VALUES)
+    exp.store_last_values(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert exp.last_values.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_sequential_minibatch_is_views_of_the_buffer_with_advantages_uniform_weights_and_row_state():
+    exp = filled(compact_tokens=False)
+    exp.prepare_training()
+    advantages = torch.arange(32.0).view(8, 4)
+    exp.prepare_minibatches(advantages, 0.0)
+    batch = exp.minibatch(1, advantages)
+    assert batch.rows == slice(2, 4)
+    assert batch.stored[keys.REWARDS].data_ptr() == exp.rows(keys.REWARDS)[2].data_ptr()  # a view, no copy
+    assert torch.equal(batch.data[keys.ADVANTAGES], advantages[2:4])
+    assert torch.equal(batch.data[keys.PRIO_WEIGHTS], torch.ones(2, 4))
+    assert batch.state[keys.HIDDEN][:, 0].tolist() == [0.0, 0.0]  # rows 2, 3: pass 0, which began at step 0
+    batch.data["extra"] = torch.zeros(2, 4)  # losses may add keys: the buffer does not get them
+    assert "extra" not in exp.buffer.keys()
+    # The same row-side tensors every call (built once): uniform weights are not reallocated per minibatch.
+    assert exp.minibatch(2, advantages).data[keys.PRIO_WEIGHTS] is batch.data[keys.PRIO_WEIGHTS]
+
+
+def test_a_prioritized_minibatch_carries_the_samplers_rows_and_weights():
+    exp = filled(sampler=partial(Prioritized, alpha=1.0, beta0=1.0))
+    exp.prepare_training()
+    advantages = torch.rand(8, 4) + 0.1
+    exp.prepare_minibatches(advantages, 1.0)
+    torch.manual_seed(0)
+    batch = exp.minibatch(0, advantages)
+    torch.manual_seed(0)
+    rows, weights = exp.sampler.minibatch(0)
+    assert torch.equal(batch.rows, rows)
+    assert torch.equal(batch.data[keys.ADVANTAGES], advantages[rows])
+    assert torch.equal(batch.data[keys.PRIO_WEIGHTS], weights.expand(2, 4))
+    assert torch.equal(batch.state[keys.HIDDEN], exp.row_state[keys.HIDDEN][rows])
+
+
+@pytest.mark.parametrize("rows", [slice(2, 4), torch.tensor([5, 1])], ids=["slice", "index"])
+def test_recorded_ratios_land_in_the_buffers_own_rows(rows):
+    exp = filled()
+    exp.prepare_training()
+    stored, _ = exp.segments_at(slice(0, 8))
+    log_prob = torch.full((2, 4), -1.0 + math.log(2.0))
+    exp.record_ratios(rows, stored[rows], log_prob)
+    ratio = exp.rows(keys.RATIO)
+    written = torch.zeros(8, dtype=torch.bool)
+    written[rows] = True
+    torch.testing.assert_close(ratio[written], torch.full((2, 4), 2.0))
+    assert (ratio[~written] == 1.0).all()
+    exp.reset_for_rollout()
+    assert (exp.rows(keys.RATIO) == 1.0).all()
+
+
+def test_the_training_view_cuts_tokens_to_the_widest_real_observation():
+    exp = filled(widths=(2, 4))
+    exp.prepare_training()
+    stored, state = exp.segments_at(exp.blocks[0])
+    assert stored[keys.OBS].shape == (2, 4, 4, 3)  # slots 5 and 6 are padding in every observation
+    assert stored[keys.OBS].data_ptr() == exp.rows(keys.OBS).data_ptr()  # a view of the buffer
+    assert float(exp.metrics()["experience/token_width"]) == 4.0
+    assert exp.varying_dims == {keys.OBS: 2}
+    everything = filled(widths=(6, 1), compact_tokens=False)
+    everything.prepare_training()
+    assert everything.segments_at(everything.blocks[0])[0][keys.OBS].shape == (2, 4, 6, 3)
+    assert "experience/token_width" not in everything.metrics() and everything.varying_dims == {}
+    # Only uint8 token observations are cut: a float observation is kept whole whatever the setting.
+    floats = Experience({keys.OBS: ((6,), torch.float32)}, STATE, 4, 32, 4, 8, partial(Sequential, shuffle=False))
+    assert not floats.compact_tokens
+
+
+def test_an_all_padding_buffer_keeps_one_token_slot():
+    exp = filled(widths=(0, 0))
+    exp.prepare_training()
+    assert exp.segments_at(exp.blocks[0])[0][keys.OBS].shape[2] == 1
+
+
+def test_the_experience_reports_its_own_statistics():
+    exp = filled()
+    exp.prepare_training()
+    metrics = exp.metrics()
+    assert set(metrics) == {
+        "experience/rewards_mean",
+        "experience/values_mean",
+        "experience/ratio_mean",
+        "experience/token_width",
+    }
+    assert float(metrics["experience/rewards_mean"]) == pytest.approx(150.0 + 3.5)
+    assert all(value.dim() == 0 for value in metrics.values())

@@ -87,6 +87,6 @@ def test_a_graphed_update_trains_what_the_eager_update_does():
     eager.experience.last_values.copy_(graphed.experience.last_values)
     for trainer in (graphed, eager):
         trainer.learner.run(trainer.progress)
-    assert graphed.learner.graphed.graphs
+    assert graphed.learner.whole_update.graphs
     for (name, a), b in zip(eager.policy.named_parameters(), graphed.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)

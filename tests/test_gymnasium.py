@@ -68,7 +68,7 @@ def gym_config(*overrides):
 def test_spec_and_step_contract():
     env = count_env()
     assert (env.spec.num_agents, env.spec.num_actions, env.spec.obs.size) == (3, 2, 3)
-    assert not env.spec.observes_time and not env.spec.provides_teacher
+    assert not env.spec.observes_time and env.spec.outputs == frozenset()
     first = env.reset()
     assert first[keys.OBS].dtype == torch.float32 and first[keys.OBS].shape == (3, 3)
     out = env.step(torch.tensor([0, 1, 1]))
@@ -191,7 +191,7 @@ def test_a_restored_env_keeps_its_counters_and_starts_new_episodes():
 
 def test_a_discrete_space_that_does_not_start_at_zero_is_shifted():
     env = count_env(num_envs=1, start=-1)
-    assert env.spec.num_actions == 2 and env.spec.action_names == ("-1", "0")
+    assert env.spec.num_actions == 2 and env.action_start == -1
     assert env.step(torch.tensor([0]))[keys.REWARDS].tolist() == [0.5]  # action -1: 1 + 0.5 * -1
 
 
@@ -214,10 +214,20 @@ def test_unsupported_spaces_are_refused_naming_the_space(observation_space, acti
 def test_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="env.id=NoSuchEnv-v0"):
         GymnasiumEnv("NoSuchEnv-v0")
-    with pytest.raises(ConfigError, match="no teacher"):
-        GymnasiumEnv("CartPole-v1", teacher=True)
     with pytest.raises(ConfigError, match="env.vectorizer"):
         GymnasiumEnv("CartPole-v1", vectorizer="threads")
+
+
+def test_a_loss_that_reads_teacher_actions_is_refused_by_the_builder_with_one_line():
+    with pytest.raises(ConfigError) as refused:
+        build(gym_config("losses=[ppo,supervisor]"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "loss 'supervisor' reads the env output teacher_actions, which env machina.env.gymnasium.GymnasiumEnv does "
+        "not declare (its optional outputs: none)"
+    )
+    assert "losses.supervisor.enabled=false" in message
 
 
 def test_render_draws_an_rgb_frame_where_the_env_can():
@@ -232,7 +242,7 @@ def test_policy_mlp_is_cleanrls_agent():
     actor, critic = policy.actor.net, policy.critic.net
     assert [type(m).__name__ for m in actor] == ["Linear", "Tanh", "Linear", "Tanh", "Linear"]
     assert [m.out_features for m in critic if isinstance(m, torch.nn.Linear)] == [64, 64, 1]
-    assert not policy.recurrent
+    assert policy.state_keys == ()  # feed-forward
     # Orthogonal output layers: singular values equal to the gain (0.01 actor, 1.0 critic).
     assert torch.allclose(torch.linalg.svdvals(actor[-1].weight), torch.tensor(0.01), atol=1e-6)
     assert torch.allclose(torch.linalg.svdvals(critic[-1].weight), torch.tensor(1.0), atol=1e-5)

@@ -175,8 +175,8 @@ BAD_VALUES = {
     "experience.batch_size=1000": "experience.batch_size",
     "system.seed=4294967296": "system.seed",
     "objective=summary/nope": "objective",
-    "trainer.evaluation.episodes=0": "trainer.evaluation.episodes",
-    "trainer.evaluation.greedy=maybe": "trainer.evaluation.greedy",
+    "evaluation.episodes=0": "evaluation.episodes",
+    "evaluation.greedy=maybe": "evaluation.greedy",
     "~trainer.total_timesteps": "trainer.total_timesteps",
     "policy.encoder.embed_dim=0": "policy.encoder",
     "policy.actor.hidden=[0]": "policy.actor",
@@ -194,7 +194,7 @@ BAD_VALUES = {
 def test_a_bad_value_is_one_line_and_creates_no_folder(tmp_path, bad):
     """``python train.py <bad value>`` with Hydra's default timestamped folder: exit 2, one line naming the key, no
     traceback, and the working directory is left empty (no outputs/ folder)."""
-    result = run_train(["experiment=debug", "wandb=disabled", bad], cwd=tmp_path)
+    result = run_train(["debug=tiny", "wandb=disabled", bad], cwd=tmp_path)
     assert BAD_VALUES[bad] in one_error_line(result)
     assert list(tmp_path.iterdir()) == []
 
@@ -231,7 +231,7 @@ def test_an_unusable_run_folder_with_an_interpolation_is_refused_before_hydra_st
     write into is not testable as root): the folder is resolved once, checked and refused in one line (item 10)."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    result = run_train(["experiment=debug", "wandb=disabled", f"hydra.run.dir={blocker}/${{now:%H-%M-%S}}"])
+    result = run_train(["debug=tiny", "wandb=disabled", f"hydra.run.dir={blocker}/${{now:%H-%M-%S}}"])
     assert "is not a folder" in one_error_line(result) and "hydra.run.dir" in one_error_line(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 

@@ -1,7 +1,6 @@
-"""The learner's schedule, early stop and metrics: LR schedules from their definitions, target_kl, and metrics that
+"""The learner's schedule, early stop and metrics: the scheduled learning rate, target_kl, and metrics that
 live on the data's device (or are host floats kept apart), made without constructing tensors from Python data."""
 
-import math
 from contextlib import contextmanager
 
 import pytest
@@ -10,20 +9,8 @@ import torch
 from machina import keys
 from machina.env.spec import PAD_TOKEN
 from machina.startup.build import build, build_trainer
-from machina.training.lr_schedules import Constant, Cosine, Linear
 from tests.conftest import compose_config
 from tests.test_rollout import TINY
-
-
-def test_lr_schedules_follow_their_definitions():
-    for fraction in (0.0, 0.25, 0.5, 1.0):
-        assert Constant()(fraction) == 1.0
-        assert Linear()(fraction) == pytest.approx(1.0 - fraction)  # CleanRL: lrnow = frac * lr, frac = 1 - done
-        assert Linear(floor=0.1)(fraction) == pytest.approx(1.0 - 0.9 * fraction)
-        cosine = 0.5 * (1 + math.cos(math.pi * fraction))
-        assert Cosine(floor=0.2)(fraction) == pytest.approx(0.2 + 0.8 * cosine)
-    with pytest.raises(ValueError, match="learner.lr_schedule.floor"):
-        Linear(floor=1.5)
 
 
 def make_trainer(overrides):
@@ -132,7 +119,7 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
             trainer.learner.run(trainer.progress)
             trainer.agent_step += source.batch_size
         graphs.append(counters["stats"]["unique_graphs"])
-        widths.append(compiled.learner.once["experience/token_width"])
+        widths.append(float(compiled.experience.metrics()["experience/token_width"]))
     for (name, a), b in zip(eager.policy.named_parameters(), compiled.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs after the compiled updates")
     assert eager.optimizer.param_groups[0]["lr"] == pytest.approx(float(compiled.optimizer.param_groups[0]["lr"]))
@@ -148,7 +135,7 @@ def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
     overrides = [f"policy={policy}", "learner.update_epochs=2", "system.threads=1"]
     if policy == "vit":
         overrides += ["policy.encoder.latent_dim=16", "policy.encoder.num_latents=4"]
-    full, cut = (make_trainer([*overrides, f"learner.compact_tokens={flag}"]) for flag in ("false", "true"))
+    full, cut = (make_trainer([*overrides, f"experience.compact_tokens={flag}"]) for flag in ("false", "true"))
     cut.policy.load_state_dict(full.policy.state_dict())
     full.rollout.run(full.progress)
     cut.experience.buffer.update_(full.experience.buffer)
@@ -159,7 +146,7 @@ def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
         trainer.learner.run(trainer.progress)
     obs = full.experience.buffer[keys.OBS]
     real = (obs[..., 1] != PAD_TOKEN).sum(-1)
-    width = cut.learner.pop_metrics()[1]["experience/token_width"]
+    width = float(cut.experience.metrics()["experience/token_width"])
     assert width == real.max() < obs.shape[-2]  # packed tokens: the widest observation's count, well under M
     # Float rounding only: the Perceiver's masked softmax sums over another number of (zero) padding terms, and Adam
     # amplifies rounding in near-zero gradients; 1e-5 is 1% of one Adam step (lr 1e-3), a wrong cut moves ~1e-3.
@@ -172,16 +159,16 @@ def record_advantage_inputs(monkeypatch, trainer):
     of the policy's weights at that moment (the policy the advantages are for)."""
     import copy
 
-    import machina.training.learner as learner_module
+    import machina.training.advantage as advantage_module
 
     calls = []
-    real = learner_module.compute_advantages
+    real = advantage_module.compute_advantages
 
     def spy(*args, **kwargs):
         calls.append((args[6].clone(), copy.deepcopy(trainer.policy.state_dict())))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "compute_advantages", spy)
+    monkeypatch.setattr(advantage_module, "compute_advantages", spy)
     return calls
 
 
@@ -196,7 +183,7 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
     the ratios of the policy as pass 1 left it, which this test computes itself (a fresh forward of the stored steps
     with pass 1's final weights, against the stored log-probs of the acting policy)."""
     from machina.policy.inputs import training_input
-    from machina.training.advantage import agent_major
+    from machina.training.experience import agent_major
 
     trainer = make_trainer(["learner.update_epochs=2", "optimizer.lr=0.01", "system.threads=1"])
     exp = trainer.experience

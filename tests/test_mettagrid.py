@@ -35,7 +35,7 @@ def test_random_actions_give_well_formed_tokens_and_episodes_reset():
 
     env = MettaGridArenaEnv(num_envs=4, max_steps=10, seed=1)
     spec, n = env.spec, env.spec.num_agents
-    assert not spec.provides_teacher and spec.action_names[0] == "noop" and spec.num_actions == 5
+    assert spec.outputs == frozenset() and spec.num_actions == 5
     gen = torch.Generator().manual_seed(0)
     td = env.reset()
     truncations = torch.zeros(n)
@@ -66,7 +66,7 @@ def test_mining_and_converting_yield_a_heart_and_its_reward():
 
     rows = ["#######", "#m@.c.#", "#.....#", "#######"]  # mine west of the agent, converter two cells east
     env = MettaGridArenaEnv(num_envs=2, agents_per_env=1, map_rows=rows, max_steps=20, ore_per_heart=2)
-    west, east = (env.spec.action_names.index(a) for a in ("move_west", "move_east"))
+    west, east = 3, 4  # MettaGrid's action ids: noop, move_north, move_south, move_west, move_east
     env.reset()
     rewards = [env.step(torch.full((2,), a))[keys.REWARDS] for a in (west, west, east, east)]
     # Two uses of the mine (the agent stays put), one step east, then using the converter makes a heart.
@@ -97,7 +97,7 @@ def test_mining_and_converting_yield_a_heart_and_its_reward():
 def test_losses_that_need_teacher_actions_are_refused(loss):
     pytest.importorskip("mettagrid")
     cfg = compose_config(["env=mettagrid_arena", f"losses=[ppo,{loss}]", *TINY])
-    with pytest.raises(ConfigError, match=f"loss '{loss}' learns from teacher_actions.*MettaGridArenaEnv"):
+    with pytest.raises(ConfigError, match=f"loss '{loss}' reads the env output teacher_actions.*MettaGridArenaEnv"):
         build(cfg)
 
 

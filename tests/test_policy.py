@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from machina.env.spec import PAD_TOKEN, ObsSpec
+from machina.errors import ConfigError
+from machina.files import checksum
 from machina.keys import (
     ACT_LOG_PROB,
     ACTIONS,
@@ -25,6 +27,8 @@ from machina.keys import (
     VALUES,
 )
 from machina.policy.action_probs import ActionProbs
+from machina.policy.io import load_policy, policy_payload
+from tests.conftest import compose_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "policy"
 POLICIES = ("fast", "vit")
@@ -88,10 +92,41 @@ def host_syncs_forbidden():
             setattr(torch.Tensor, name, method)
 
 
-def test_yaml_derives_emit_full_log_probs_from_the_losses():
-    for name in POLICIES:
-        raw = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"), resolve=False)
-        assert raw["action_probs"]["emit_full_log_probs"] == "${consumes:full_log_probs,${losses}}"
+def test_emit_full_log_probs_is_derived_in_one_place_for_every_policy():
+    """conf/config.yaml sets it once from the losses; no policy file names it, so a new policy cannot forget it."""
+    for path in sorted(CONF.glob("*.yaml")):
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert "emit_full_log_probs" not in raw["action_probs"], path.name
+    root = OmegaConf.to_container(OmegaConf.load(CONF.parent / "config.yaml"), resolve=False)
+    assert root["policy"]["action_probs"]["emit_full_log_probs"] == "${consumes:full_log_probs,${losses}}"
+    for name in sorted(p.stem for p in CONF.glob("*.yaml")):
+        for losses, emitted in (("[ppo]", False), ("[ppo,supervisor]", True)):
+            cfg = compose_config([f"policy={name}", f"losses={losses}"])
+            assert cfg.policy.action_probs.emit_full_log_probs is emitted
+
+
+@pytest.mark.parametrize("emit", [False, True])
+def test_a_policy_file_stores_no_emit_flag_and_its_loader_chooses_it(tmp_path, emit):
+    cfg = compose_config(["losses=[ppo,supervisor]"] if emit else [])
+    policy_config = OmegaConf.to_container(cfg.policy, resolve=True)
+    policy = hydra.utils.instantiate(cfg.policy, obs_spec=SPEC, num_actions=NUM_ACTIONS)
+    payload = policy_payload(policy, policy_config, SPEC)
+    assert payload["architecture"]["action_probs"] == {"_target_": "machina.policy.action_probs.ActionProbs"}
+    torch.save(payload, tmp_path / "policy.pt")
+    for asked in (False, True):
+        loaded, _ = load_policy(tmp_path / "policy.pt", emit_full_log_probs=asked)
+        assert loaded.action_probs.emit_full_log_probs is asked
+    # A file written before the flag left the architecture holds it: it still loads, and the loader's choice wins.
+    older = {**payload, "architecture": dict(policy_config)}
+    torch.save(checksum.seal(older), tmp_path / "older.pt")
+    for asked in (False, True):
+        loaded, _ = load_policy(tmp_path / "older.pt", emit_full_log_probs=asked)
+        assert loaded.action_probs.emit_full_log_probs is asked
+    # Anything but a boolean there is not what machina wrote: refused with the entry named.
+    edited = {**policy_config, "action_probs": {**policy_config["action_probs"], "emit_full_log_probs": "yes"}}
+    torch.save(checksum.seal({**payload, "architecture": edited}), tmp_path / "edited.pt")
+    with pytest.raises(ConfigError, match=r"architecture\.action_probs\.emit_full_log_probs is 'yes', not a boolean"):
+        load_policy(tmp_path / "edited.pt")
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -276,7 +311,7 @@ def test_policy_without_a_core_is_feed_forward(core):
     cfg.action_probs.emit_full_log_probs = False
     cfg.core = core
     policy = hydra.utils.instantiate(cfg, obs_spec=SPEC, num_actions=NUM_ACTIONS)
-    assert policy.state_keys == () and not policy.recurrent
+    assert policy.state_keys == ()
     assert EPISODE_START not in policy.experience_spec()
     obs = random_obs(3, 4)
     actions = torch.randint(0, NUM_ACTIONS, (3, 4))

@@ -42,7 +42,7 @@ def test_a_misspelt_group_option_lists_the_options_and_the_closest(argv, wrong, 
         (["env.num_env=8"], "env.num_envs"),
         (["sytem.seed=3"], "system.seed"),  # a misspelt parent
         (["seed=3"], "system.seed"),  # a key with that name elsewhere
-        (["-m", "learner.gama=0.9,0.99"], "learner.gamma"),
+        (["-m", "learner.advantage.gama=0.9,0.99"], "learner.advantage.gamma"),
         (["-m", "optimizer.lrr=interval(0.0001,0.01)"], "optimizer.lr"),
         (["policy=vit", "policy.encoder.num_latent=4"], "policy.encoder.num_latents"),  # a key of the chosen option
     ],
@@ -65,11 +65,16 @@ def test_an_unknown_key_without_a_close_one_lists_the_keys_next_to_it():
         ["-m", "losses=[ppo],[ppo,supervisor]", "system.torch_deterministic=true,false"],
         ["-m", "experiment=machina_1_sweep"],
         ["-m", "experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean"],
-        ["-m", "optimizer.lr=interval(0.0001,0.01)", "learner.gamma=tag(log,interval(0.9,0.99))"],
+        ["-m", "optimizer.lr=interval(0.0001,0.01)", "learner.advantage.gamma=tag(log,interval(0.9,0.99))"],
         ["-m", "learner.update_epochs=range(1,3)", "losses=choice([ppo],[ppo,supervisor])", "losses=glob(*)"],
         ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=x"],
         ["-m", "policy=fast,vit", "policy.encoder.num_latents=4"],  # a key of the second option only
-        ["+losses.extra._target_=x.Loss", "+losses.extra.coef=1", "~learner.vtrace_c_clip", "++learner.gamma=0.9"],
+        [
+            "+losses.extra._target_=x.Loss",
+            "+losses.extra.coef=1",
+            "~learner.advantage.c_clip",
+            "++learner.advantage.gamma=0.9",
+        ],
         ["+losses=supervisor"],
         ["losses=[]", "hydra.run.dir=somewhere", "hydra.job.chdir=true", "trainer.total_timesteps=1e6"],
         ["losses=ppo,supervisor"],  # a sweep without -m: Hydra explains it
@@ -112,12 +117,14 @@ def test_train_py_exits_2_with_the_message_and_creates_nothing(tmp_path, wandb_d
     [
         ("trainer.update_epochs=3", "learner.update_epochs=3"),
         ("-m", "-m"),
-        ("trainer.gamma=0.9,0.99", "learner.gamma=0.9,0.99"),
-        ("evaluation.episodes=8", "trainer.evaluation.episodes=8"),
+        ("trainer.gamma=0.9,0.99", "learner.advantage.gamma=0.9,0.99"),
+        ("learner.gamma=0.9", "learner.advantage.gamma=0.9"),
+        ("learner.compact_tokens=false", "experience.compact_tokens=false"),
+        ("trainer.evaluation.episodes=8", "evaluation.episodes=8"),
         ("experience.sampling=prioritized", "experience/sampler=prioritized"),
         ("experience.prio_alpha=0.5", "experience.sampler.alpha=0.5"),
         ("losses.eer_kickstarter.teacher_checkpoint=/t.pt", "losses.eer_kickstarter.teacher.path=/t.pt"),
-        ("++trainer.vtrace_c_clip=2", "++learner.vtrace_c_clip=2"),
+        ("++trainer.vtrace_c_clip=2", "++learner.advantage.c_clip=2"),
         ("trainer.total_timesteps=10", "trainer.total_timesteps=10"),
         ("trainer.gamma_extra=1", "trainer.gamma_extra=1"),  # only whole keys move
     ],

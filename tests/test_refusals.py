@@ -6,12 +6,12 @@ import pytest
 from tests.test_checkpoint import run_reporting
 
 REFUSED = [
-    (["learner.gamma=1.5"], "learner.gamma=1.5 must be a number in [0, 1]"),
-    (["learner.gamma=-0.1"], "learner.gamma=-0.1 must be a number in [0, 1]"),
-    (["learner.gamma=nan"], "learner.gamma=nan must be a number in [0, 1]"),
-    (["learner.gae_lambda=2"], "learner.gae_lambda=2 must be a number in [0, 1]"),
-    (["learner.gae_lambda=inf"], "learner.gae_lambda=inf must be a number in [0, 1]"),
-    (["learner.gae_lambda=nan"], "learner.gae_lambda=nan must be a number in [0, 1]"),
+    (["learner.advantage.gamma=1.5"], "learner.advantage.gamma=1.5 must be a number in [0, 1]"),
+    (["learner.advantage.gamma=-0.1"], "learner.advantage.gamma=-0.1 must be a number in [0, 1]"),
+    (["learner.advantage.gamma=nan"], "learner.advantage.gamma=nan must be a number in [0, 1]"),
+    (["learner.advantage.gae_lambda=2"], "learner.advantage.gae_lambda=2 must be a number in [0, 1]"),
+    (["learner.advantage.gae_lambda=inf"], "learner.advantage.gae_lambda=inf must be a number in [0, 1]"),
+    (["learner.advantage.gae_lambda=nan"], "learner.advantage.gae_lambda=nan must be a number in [0, 1]"),
     (["optimizer.lr=-0.001"], "optimizer.lr=-0.001 must be a finite number >= 0"),
     (["optimizer.lr=nan"], "optimizer.lr=nan must be a finite number >= 0"),
     (["optimizer.lr=inf"], "optimizer.lr=inf must be a finite number >= 0"),

@@ -7,7 +7,7 @@ import torch
 from machina import keys
 from machina.policy.inputs import rollout_input, training_input
 from machina.startup.build import build, build_trainer
-from machina.training.advantage import agent_major
+from machina.training.experience import agent_major
 from tests.conftest import compose_config
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 
@@ -93,3 +93,22 @@ def test_no_inference_tensor_outlives_the_rollout_and_training_follows(hooks, re
     trainer.policy.train()
     trainer.learner.run(trainer.progress)  # backward through the stored steps
     assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
+
+
+def test_what_hooked_losses_read_at_rollout_is_their_classes_consumes(monkeypatch):
+    """The rollout keeps a policy output the buffer does not store only when a loss with rollout hooks consumes it
+    (its class's ``consumes``, the one list): supervisor's teacher-led draws read full_log_probs; PPO has no hooks,
+    so even an emitted full_log_probs is not kept for it, nor the entropy it consumes in training."""
+    from machina.losses.supervisor import SupervisorLoss
+
+    def kept(overrides):
+        parts = build(compose_config([*TINY, *overrides]))
+        assert keys.FULL_LOG_PROBS not in parts.experience.step_keys
+        return parts.rollout.policy_keys
+
+    teacher_led = ["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=0.5"]
+    assert keys.FULL_LOG_PROBS in kept(teacher_led)
+    ppo_only = kept(["losses=[ppo]", "policy.action_probs.emit_full_log_probs=true"])
+    assert keys.FULL_LOG_PROBS not in ppo_only and keys.ENTROPY not in ppo_only
+    monkeypatch.setattr(SupervisorLoss, "consumes", frozenset({keys.VALUES}))  # no longer reads full_log_probs
+    assert keys.FULL_LOG_PROBS not in kept([*teacher_led, "policy.action_probs.emit_full_log_probs=true"])

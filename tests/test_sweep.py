@@ -10,13 +10,11 @@ from PIL import Image
 
 from machina.compare import main as compare
 from machina.run_folder.reading import find_run_dirs
-from tests.conftest import preset_overrides, run_train
-from tests.test_train import TINY as TRAIN_TINY
+from tests.conftest import run_train
 from tests.wandb_reader import find_runs, read_run, records
 
-# test_train's tiny run cut to two epochs of 1,024 agent steps: the first episodes end in the second epoch, so runs
-# have a return.
-TINY = [o for o in TRAIN_TINY if not o.startswith("trainer.total_timesteps=")] + ["trainer.total_timesteps=2048"]
+# debug=tiny cut to two epochs of 1,024 agent steps: the first episodes end in the second epoch, so runs have a return.
+TINY = ["debug=tiny", "trainer.total_timesteps=2048"]
 # Parallel launchers: one torch thread per job, so two jobs share the two cores instead of fighting over them.
 PARALLEL = [*TINY, "system.threads=1"]
 SUMMARY_KEYS = {
@@ -76,7 +74,7 @@ def test_two_by_two_sweep_groups_names_tags_config_summary_and_comparison(tmp_pa
         assert emitted["policy"]["action_probs"]["emit_full_log_probs"] is multi
         assert run["config"]["policy"]["action_probs"]["emit_full_log_probs"] is multi
         tags = set(run["run"].tags)
-        assert {"loss:ppo", "policy:fast", "env:machina_1", "experiment:debug"} <= tags
+        assert {"loss:ppo", "policy:fast", "env:machina_1", "experiment:machina_1"} <= tags
         assert ("loss:supervisor" in tags) is multi
         assert run["run"].job_type == ("ppo+supervisor" if multi else "ppo")
     assert [("deterministic:true" in run["run"].tags) for _, run in runs] == [True, False, True, False]
@@ -91,7 +89,7 @@ def test_two_by_two_sweep_groups_names_tags_config_summary_and_comparison(tmp_pa
         assert image.format == "PNG" and image.size == (800, 320)
     assert compare([str(folder)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("shared overrides: experiment=debug trainer.total_timesteps=2048")
+    assert text.startswith("shared overrides: debug=tiny trainer.total_timesteps=2048")
     assert re.search(r"^3 +ok +losses=\[ppo,supervisor\] system.torch_deterministic=False +2 +2048 ", text, re.M)
 
 
@@ -130,9 +128,7 @@ def test_submitit_local_launcher(tmp_path, capsys):
 @pytest.mark.slow
 def test_optuna_preset_maximises_the_chosen_objective(tmp_path, capsys):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    # The Optuna preset with the debug preset's sizes (one experiment option per run).
-    tiny = [*preset_overrides("debug"), "trainer.total_timesteps=2048"]
-    args = ["experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean", *tiny]
+    args = ["experiment=machina_1_optuna", "hydra.sweeper.n_trials=2", "objective=summary/sps_mean", *TINY]
     folder, _, rows = sweep(tmp_path, capsys, [*args, "wandb=disabled"])
     assert [row["status"] for row in rows] == ["ok", "ok"]
     assert all(any(o.startswith("optimizer.lr=") for o in row["overrides"]) for row in rows)

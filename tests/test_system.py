@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from machina import keys
+from machina import checks, keys
 from machina.errors import ConfigError
-from machina.startup.system import System, resolve_device
+from machina.startup.system import System
 
 
 @pytest.fixture(autouse=True)
@@ -57,13 +57,13 @@ def test_threads_applied():
 
 
 def test_device_auto_and_errors():
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert resolve_device("cpu") == torch.device("cpu")
+    assert checks.device("system.device", "auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert checks.device("system.device", "cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match="system.device='tpu' is not a device"):
-        resolve_device("tpu")
+        checks.device("system.device", "tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA is not available here; use system.device=cpu"):
-            resolve_device("cuda")
+            checks.device("system.device", "cuda")
 
 
 def test_cuda_graphs_refused_off_cuda():
@@ -91,7 +91,7 @@ def test_the_recipe_compiles_only_runs_long_enough_to_win_the_compile_back():
     from machina.startup.build import build
     from tests.conftest import compose_config
 
-    assert build(compose_config(["experiment=debug"])).system.compile is False  # tests and check runs stay eager
+    assert build(compose_config(["debug=tiny"])).system.compile is False  # tests and check runs stay eager
     recipe = compose_config([])
     assert recipe.system.compile == "auto" and recipe.trainer.total_timesteps < recipe.system.compile_min_timesteps
 
@@ -110,7 +110,7 @@ def test_compiled_policy_matches_the_eager_one_and_keeps_its_parameter_names():
     from machina.startup.build import build
     from tests.conftest import compose_config
 
-    overrides = ["experiment=debug", "env.num_envs=4", "experience.batch_size=512"]
+    overrides = ["debug=tiny", "env.num_envs=4", "experience.batch_size=512"]
     compiled = build(compose_config([*overrides, "system.compile=true"])).policy
     cfg = compose_config(overrides)
     env = instantiate(cfg.env)

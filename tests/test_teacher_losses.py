@@ -10,10 +10,10 @@ from machina import keys
 from machina.errors import ConfigError
 from machina.losses.eer_cloner import EERClonerLoss
 from machina.losses.eer_kickstarter import EERKickstarterLoss
-from machina.losses.schedule import Linear
 from machina.losses.sliced_scripted_cloner import SlicedScriptedClonerLoss
 from machina.losses.supervisor import SupervisorLoss
 from machina.progress import Progress
+from machina.schedules import Linear
 
 PROGRESS = Progress(0, 100)
 A = 5

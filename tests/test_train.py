@@ -25,28 +25,29 @@ from machina.logging.sinks import ConsoleSink
 from machina.run import train
 from machina.speed.host_reads import count_host_reads
 from machina.startup.build import build, build_trainer
-from machina.training import learner as learner_module
+from machina.training import experience as experience_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer
 from tests.conftest import compose_config, interrupt_train, run_train
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 from tests.wandb_reader import find_runs, read_run
 
-# The seconds-long run of experiment=debug (experiments/debug.yaml), written out so other tests can vary it.
-# The tiny run every test builds on: experiment=debug (experiments/debug.yaml), 3 epochs of 1,024 agent steps.
-TINY = ["experiment=debug"]
+# The tiny run every test builds on: the recipe shrunk by debug=tiny (conf/debug/tiny.yaml), 3 epochs of 1,024 agent
+# steps. Every preset has one: [f"experiment={name}", *TINY] (tests/test_presets.py).
+TINY = ["debug=tiny"]
 
 
-def test_the_debug_preset_is_a_seconds_long_run_of_the_recipe():
+def test_debug_tiny_is_a_seconds_long_run_of_the_recipe_and_experiment_debug_is_the_same():
     debug, recipe = compose_config(TINY), compose_config([])
     assert debug.trainer.total_timesteps == 3 * debug.experience.batch_size == 3072
     assert debug.env.num_envs * debug.env.agents_per_env * debug.experience.bptt_horizon == 1024
     assert debug.losses == recipe.losses and debug.policy == recipe.policy  # only sizes change
+    assert compose_config(["experiment=debug"]) == debug  # the quick start's spelling
 
 
 def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dirs):
     run_dir = tmp_path / "run"
-    result = run_train(["experiment=debug", f"hydra.run.dir={run_dir}"])
+    result = run_train(["experiment=debug", f"hydra.run.dir={run_dir}"])  # the quick start's first command
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["metric/epoch"] for r in rows] == [1, 2, 3]
@@ -67,7 +68,7 @@ def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dir
     assert all(h["overview/sps"] > 0 for h in history)
     assert run["config"]["policy"]["action_probs"]["emit_full_log_probs"] is False
     assert "loss:ppo" in list(run["run"].tags) and "deterministic:false" in list(run["run"].tags)
-    assert run["run"].display_name == f"{tmp_path.name}/run"  # no overrides but experiment=debug: the folder
+    assert run["run"].display_name == f"{tmp_path.name}/run"  # no overrides but experiment: the folder
     assert run["exit_code"] == 0 and run["summary"]["summary/status"] == "finished"
 
 
@@ -121,26 +122,26 @@ def hydra_run():
 
 
 def test_the_resume_command_fixes_the_run_folder(hydra_run):
-    hydra_run(["learner.gamma=0.9"], "/runs/2026-11-30/12-00-00")
-    argv = ["train.py", "losses=[ppo,supervisor]", "hydra.run.dir=elsewhere", "learner.gamma=0.9"]
+    hydra_run(["learner.advantage.gamma=0.9"], "/runs/2026-11-30/12-00-00")
+    argv = ["train.py", "losses=[ppo,supervisor]", "hydra.run.dir=elsewhere", "learner.advantage.gamma=0.9"]
     assert resume_command(argv) == (
-        "python train.py 'losses=[ppo,supervisor]' learner.gamma=0.9 hydra.run.dir=/runs/2026-11-30/12-00-00"
+        "python train.py 'losses=[ppo,supervisor]' learner.advantage.gamma=0.9 hydra.run.dir=/runs/2026-11-30/12-00-00"
     )
-    hydra_run(["learner.gamma=0.9"], "/runs/sweep/0_x", RunMode.MULTIRUN)
+    hydra_run(["learner.advantage.gamma=0.9"], "/runs/sweep/0_x", RunMode.MULTIRUN)
     sweep = os.path.abspath("outputs/multirun/sweep")
-    assert resume_command(["train.py", "-m", "learner.gamma=0.9,0.99"]) == (
-        f"python train.py -m learner.gamma=0.9,0.99 hydra.sweep.dir={sweep}"
+    assert resume_command(["train.py", "-m", "learner.advantage.gamma=0.9,0.99"]) == (
+        f"python train.py -m learner.advantage.gamma=0.9,0.99 hydra.sweep.dir={sweep}"
     )
 
 
 def test_wandb_names_tell_runs_apart(hydra_run):
     cfg = hydra_run([], "/runs/2026-11-30/12-00-00")
     assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-00"  # not "default"
-    cfg = hydra_run(["learner.gamma=0.9"], "/runs/2026-11-30/12-00-01")
-    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:learner.gamma=0.9"
-    cfg = hydra_run(["learner.gamma=0.9"], "/runs/sweep/3_learner.gamma=0.9", RunMode.MULTIRUN)
+    cfg = hydra_run(["learner.advantage.gamma=0.9"], "/runs/2026-11-30/12-00-01")
+    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:learner.advantage.gamma=0.9"
+    cfg = hydra_run(["learner.advantage.gamma=0.9"], "/runs/sweep/3_learner.advantage.gamma=0.9", RunMode.MULTIRUN)
     assert wandb_identity(cfg) | {"tags": None} == wandb_identity(cfg) | {
-        "name": "3:learner.gamma=0.9",
+        "name": "3:learner.advantage.gamma=0.9",
         "group": "sweep",
         "tags": None,
     }
@@ -242,10 +243,10 @@ def make_trainer(overrides) -> Trainer:
     return build_trainer(cfg, build(cfg), sinks=[])
 
 
-# The line of the learner's one host read per epoch (the compacted token width).
+# The line of the epoch's one host read in training (the compacted token width).
 WIDTH_LINE = next(
     number
-    for number, line in enumerate(Path(learner_module.__file__).read_text().splitlines(), 1)
+    for number, line in enumerate(Path(experience_module.__file__).read_text().splitlines(), 1)
     if "the epoch's one host read" in line
 )
 
@@ -269,7 +270,7 @@ def test_rollout_and_update_make_no_host_sync(losses, sampler, request):
     with count_host_reads(syncs):
         trainer.learner.prepare()
     # One per epoch before the minibatches, the width of the compacted token observations...
-    assert len(syncs) == 1 and syncs[0].startswith("__int__ at ") and syncs[0].endswith(f"learner.py:{WIDTH_LINE}")
+    assert len(syncs) == 1 and syncs[0].startswith("__int__ at ") and syncs[0].endswith(f"experience.py:{WIDTH_LINE}")
     with count_host_reads(syncs := []):
         trainer.learner.update(trainer.progress)
     assert trainer.experience.num_minibatches > 1 and syncs == []  # ...and none in the update's minibatches

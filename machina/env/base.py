@@ -2,10 +2,11 @@
 checkpoints and replays ask of an env. One file per env implements it (``machina_1.py``, ``mettagrid.py``,
 ``gymnasium.py``).
 
-Constructor convention (the builder passes the last five; the others come from ``conf/env/<name>.yaml``):
-``Env(<settings>..., num_envs, seed, device, teacher, stagger)``. ``teacher`` asks for ``TEACHER_ACTIONS`` (refused
-by envs whose ``spec.provides_teacher`` is False), ``stagger`` spreads the first episodes' ends over time (training)
-or starts every env at step 0 (evaluation, ``stagger=False``).
+Constructor convention (the env factory, ``machina.env.factory``, passes the last five; the others come from
+``conf/env/<name>.yaml``): ``Env(<settings>..., num_envs, seed, device, outputs, stagger)``. ``outputs`` is the set of
+optional outputs to return with every step: keys the env declares in ``spec.outputs`` (the builder asks for no
+other), empty unless a loss or the evaluation reads one. ``stagger`` spreads the first episodes' ends over time
+(training) or starts every env at step 0 (evaluation, ``stagger=False``).
 """
 
 import numpy as np
@@ -20,9 +21,9 @@ class Env:
     """Batched envs: N = ``spec.num_agents`` agents over E = ``spec.num_envs`` envs, agent index = env * A + slot.
 
     ``step`` returns a TensorDict, batch [N], on ``device``: ``OBS``, ``REWARDS`` float32 (the reward of the action
-    just taken), ``TERMINATED`` / ``TRUNCATED`` bool (the episode ended after that action), ``TEACHER_ACTIONS`` when
-    built with ``teacher=True``, and ``FINAL_OBS`` only when ``spec.observes_time`` is False and some agent was
-    truncated on this step (the observation it would have seen next). Ended envs reset in place: ``OBS`` is already
+    just taken), ``TERMINATED`` / ``TRUNCATED`` bool (the episode ended after that action), each key of ``outputs``
+    it was built with (``spec.outputs``), and ``FINAL_OBS`` only when ``spec.observes_time`` is False and some agent
+    was truncated on this step (the observation it would have seen next). Ended envs reset in place: ``OBS`` is already
     the new episode's first observation.
     """
 

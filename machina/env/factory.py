@@ -1,12 +1,20 @@
-"""Envs built from an env config node for the parts that build envs of their own (evaluation, replays), through
-machina's own env classes only.
+"""The one env factory: training (``machina.startup.build``), evaluation (``eval.py``, periodic evaluation) and
+replays all build their envs from an env config node here, so every env passes the same checks.
 
-The node may have been read from a file (eval.py rebuilds the evaluated run's env from its ``resolved_config.yaml``
-or its checkpoint), so it is data: ``hydra.utils.instantiate`` would import and call whatever its ``_target_``
-names, nested ones included (``height: {_target_: pathlib.Path.write_text, ...}`` runs while the node is built).
-Here the ``_target_`` is looked up in ``ENVS`` (the optional envs' modules are imported by their fixed names below,
-never by a name from the node), the other entries must be the class's arguments, with plain values (no ``_target_``
-anywhere below), and nothing is resolved. A composed config (train.py's periodic evaluation) passes the same checks.
+The node names its class (``_target_``) and gives the class's own settings, plain values only: no ``_target_``
+anywhere below, no Hydra key but ``_convert_``, no setting the class does not take, and nothing resolved. The
+factory adds the builder's arguments (``num_envs``, ``seed``, ``device``, ``outputs``, ``stagger``; the node's own
+``seed`` / ``device`` / ``outputs`` / ``stagger``, if any, give way to them). Refusals are one-line ConfigErrors.
+
+Which class a node may name depends on where the node comes from:
+
+- read from a FILE (eval.py rebuilding the evaluated run's env from its ``resolved_config.yaml`` or its checkpoint):
+  the node is data, and a file must not run code, so its ``_target_`` must be one of machina's envs, ``ENVS``, looked
+  up in a dict (the optional envs' modules are imported by their fixed names below, never by a name from the node);
+- COMPOSED (conf/ and the command line: train.py, eval.py's ``env=<name>`` / ``env._target_=...``): the user chose
+  the class, so any subclass of ``machina.env.base.Env`` may be named. The caller that holds the composed config
+  looks the class up (``machina.startup.build``, ``eval.py``: the modules allowed to import by name) and passes it
+  as ``env_class``.
 
 A Gymnasium env id of the form ``module:Env-v0`` makes Gymnasium import ``module``: that is code too, and whoever
 reads the node from a file decides whether to allow it (``imported_module``).
@@ -15,7 +23,7 @@ reads the node from a file decides whether to allow it (``imported_module``).
 import copy
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -25,7 +33,7 @@ from machina.env.base import Env
 from machina.errors import ConfigError
 from machina.files.stored_config import check_plain, shorten
 
-# _target_ (as conf/env/*.yaml spells it) -> (module, class): the envs an env node may name.
+# _target_ (as conf/env/*.yaml spells it) -> (module, class): the envs a node read from a file may name.
 GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"
 ENVS = {
     "machina.env.machina_1.Machina1Env": ("machina.env.machina_1", "Machina1Env"),
@@ -33,26 +41,37 @@ ENVS = {
     "machina.env.mettagrid.MettaGridArenaEnv": ("machina.env.mettagrid", "MettaGridArenaEnv"),
 }
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values: values here are plain already
-BUILDER_ARGS = ("num_envs", "seed", "device", "teacher", "stagger")  # set by make_env, as the builder sets them
+BUILDER_ARGS = ("num_envs", "seed", "device", "outputs", "stagger")  # set by make_env
 
 
-def env_factory(config: Mapping[str, Any] | DictConfig, device: torch.device | str) -> Callable[..., Env]:
-    """``make_env(num_envs=..., seed=..., stagger=..., teacher=...)``: the env that ``config`` (an env config node
-    with its ``_target_``, e.g. a run's resolved ``env``) describes, on ``device``. ``config``'s own ``num_envs``
-    gives way to the argument; ``seed``, ``device``, ``teacher`` and ``stagger`` are always passed, as the builder
-    passes them. ``config`` is checked first (``check_env_settings``); a DictConfig is taken unresolved."""
+def env_factory(
+    config: Mapping[str, Any] | DictConfig, device: torch.device | str, env_class: type[Env] | None = None
+) -> Callable[..., Env]:
+    """``make_env(seed=..., num_envs=None, stagger=True, outputs=frozenset())``: the env that ``config`` (an env
+    config node with its ``_target_``) describes, on ``device``. ``num_envs`` None keeps the node's own (or the
+    class's default); ``outputs`` asks for optional outputs (keys of the env's ``spec.outputs``; see ``base.py``).
+
+    ``env_class``: the class a composed config's ``_target_`` names, looked up by the caller; None (a node read from
+    a file) allows only ``ENVS``. ``config`` is checked first (``check_env_settings``); a DictConfig is taken
+    unresolved."""
     settings = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else dict(config)
-    check_env_settings(settings)
-    cls = env_class(settings["_target_"])
+    check_env_settings(settings, composed=env_class is not None)
+    cls = env_class or env_class_of(settings["_target_"])
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ConfigError(f"env._target_={settings['_target_']} is not an env: it must subclass machina.env.base.Env")
     kwargs = {k: v for k, v in settings.items() if k not in ("_target_", "_convert_", *BUILDER_ARGS)}
+    own_num_envs = {"num_envs": settings["num_envs"]} if "num_envs" in settings else {}
     accepted = inspect.signature(cls).parameters
     for key in kwargs:
         if key not in accepted:
             names = ", ".join(p for p in accepted if p not in BUILDER_ARGS)
             raise ConfigError(f"env.{key} is not a setting of {cls.__name__}; its settings: {names}")
 
-    def make_env(*, num_envs: int, seed: int, stagger: bool = True, teacher: bool = False) -> Env:
-        builder = {"num_envs": num_envs, "seed": seed, "device": str(device), "teacher": teacher, "stagger": stagger}
+    def make_env(
+        *, seed: int, num_envs: int | None = None, stagger: bool = True, outputs: Collection[str] = frozenset()
+    ) -> Env:
+        sizes = own_num_envs if num_envs is None else {"num_envs": num_envs}
+        builder = {"seed": seed, "device": str(device), "outputs": frozenset(outputs), "stagger": stagger, **sizes}
         try:
             return cls(**copy.deepcopy(kwargs), **builder)
         except ConfigError:
@@ -64,17 +83,21 @@ def env_factory(config: Mapping[str, Any] | DictConfig, device: torch.device | s
     return make_env
 
 
-def check_env_settings(settings: Any, source: str = "") -> None:
+def check_env_settings(settings: Any, source: str = "", composed: bool = False) -> None:
     """Refuse, with one line naming ``source`` (the file it was read from, if any) and the entry, an env node that
-    is not one of ``ENVS`` with plain values: a ``_target_`` outside ``ENVS``, a Hydra key other than ``_convert_``
-    (``_args_``, ``_partial_``, ...), a ``_target_`` anywhere below, an interpolation, or a value that is not plain."""
+    is not a class with plain values: a ``_target_`` outside ``ENVS`` (unless the node is ``composed``: then any
+    class name), a Hydra key other than ``_convert_`` (``_args_``, ``_partial_``, ...), a ``_target_`` anywhere
+    below, an interpolation, or a value that is not plain."""
     prefix = f"{source}: " if source else ""
     if not isinstance(settings, dict):
         raise ConfigError(f"{prefix}env is {shorten(settings)}, not a mapping of env settings")
     check_plain(settings, source or "the env config", "env")
     target = settings.get("_target_")
-    if not isinstance(target, str) or target not in ENVS:  # a list would not even hash
-        raise ConfigError(f"{prefix}env._target_ is {shorten(target)}, not one of machina's envs ({', '.join(ENVS)})")
+    if not isinstance(target, str) or (target not in ENVS and not composed):  # a list would not even hash
+        raise ConfigError(
+            f"{prefix}env._target_ is {shorten(target)}, not one of machina's envs ({', '.join(ENVS)}); settings read "
+            "from a file may name only these (name another env class on the command line: env._target_=...)"
+        )
     if settings.get("_convert_", "all") not in CONVERT_MODES:
         raise ConfigError(
             f"{prefix}env._convert_ is {shorten(settings['_convert_'])}, not one of {', '.join(CONVERT_MODES)}"
@@ -103,7 +126,7 @@ def find_target(value: Any, key: str) -> str | None:
     return next((f for f in found if f), None)
 
 
-def env_class(target: str) -> type[Env]:
+def env_class_of(target: str) -> type[Env]:
     """The class ``ENVS`` lists under ``target``, imported from machina's module for it (the optional envs' modules
     import their packages only when an env is built)."""
     module, name = ENVS[target]

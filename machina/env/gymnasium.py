@@ -25,6 +25,7 @@ env's own generator (Gymnasium's autoreset calls ``reset()`` without a seed), so
 trajectories for the same actions.
 """
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -53,9 +54,9 @@ class GymnasiumEnv(Env):
         vectorizer: ``sync`` (one process) or ``async`` (a worker process per env).
         max_steps: the episode time limit, passed to ``gymnasium.make`` as ``max_episode_steps`` (None: the
             registered one).
-        num_envs, seed, device, teacher, stagger: the builder's arguments (``base.py``). Gymnasium envs have no
-            teacher (``teacher=True`` is refused); ``stagger`` changes nothing, since episodes of Gymnasium envs
-            end at different steps by themselves.
+        num_envs, seed, device, outputs, stagger: the env factory's arguments (``base.py``). A Gymnasium env
+            declares no optional outputs (``spec.outputs`` is empty), so ``outputs`` asks for nothing; ``stagger``
+            changes nothing, since episodes of Gymnasium envs end at different steps by themselves.
     """
 
     continues_episodes = False  # a Gymnasium env's state cannot be saved: a restored env starts new episodes
@@ -69,7 +70,7 @@ class GymnasiumEnv(Env):
         num_envs: int = 4,
         seed: int = 0,
         device: str | torch.device = "cpu",
-        teacher: bool = False,
+        outputs: Collection[str] = frozenset(),
         stagger: bool = True,
     ):
         try:
@@ -79,8 +80,6 @@ class GymnasiumEnv(Env):
             raise ConfigError(INSTALL_HINT) from None
         if not hasattr(gym.vector, "AutoresetMode"):
             raise ConfigError(f"env=gymnasium needs gymnasium>=1.1 (autoreset modes), found {gym.__version__}")
-        if teacher:
-            raise ConfigError(f"env.id={id}: Gymnasium envs provide no teacher actions")
         if vectorizer not in VECTORIZERS:
             raise ConfigError(f"env.vectorizer={vectorizer!r} must be one of {', '.join(VECTORIZERS)}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
@@ -116,8 +115,7 @@ class GymnasiumEnv(Env):
             agents_per_env=1,
             num_actions=int(action_space.n),
             obs=VectorObsSpec(obs_size),
-            action_names=tuple(str(a) for a in range(self.action_start, self.action_start + int(action_space.n))),
-            provides_teacher=False,
+            outputs=frozenset(),
             observes_time=False,
         )
 

@@ -41,6 +41,7 @@ Invalid action ids trip an asynchronous device-side assert, inside a graph too.
 """
 
 import sys
+from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -114,10 +115,11 @@ class Machina1Env(Env):
         num_envs: int = 256,
         seed: int = 0,
         device: str | torch.device = "cpu",
-        teacher: bool = True,
+        outputs: Collection[str] = frozenset(),
         stagger: bool = True,
     ):
         check_settings(locals())
+        teacher = keys.TEACHER_ACTIONS in outputs
         self.device = torch.empty(0, device=device).device  # with its index, so that device checks compare equal
         e, a, dev = num_envs, agents_per_env, self.device
         self.num_envs, self.agents_per_env, self.num_agents = e, a, e * a
@@ -129,13 +131,12 @@ class Machina1Env(Env):
         self.num_extractors = x = self.sampler.num_extractors
 
         names, norms = feature_table(extractor_cooldown, num_vibes, inventory_cap)
-        actions = ("noop", "move_north", "move_east", "move_south", "move_west")
-        actions += tuple(f"vibe_{v}" for v in range(num_vibes))
-        self.num_actions = len(actions)
+        self.num_actions = NUM_MOVES + num_vibes
         # The episode_progress token tells the policy how far the episode is: a time-limit end is observed. The
-        # scripted teacher is there whether or not this env was asked to compute it (``teacher``).
+        # scripted teacher is there whether or not this env was asked to compute it (``outputs``).
         obs_spec = ObsSpec(max_tokens, WINDOW, names, norms)
-        self.spec = EnvSpec(e, a, self.num_actions, obs_spec, actions, provides_teacher=True, observes_time=True)
+        declared = frozenset({keys.TEACHER_ACTIONS})
+        self.spec = EnvSpec(e, a, self.num_actions, obs_spec, declared, observes_time=True)
 
         self.generator = torch.Generator(dev)
         self.generator.manual_seed(seed)
@@ -227,8 +228,9 @@ class Machina1Env(Env):
 
         actions: int64 (or int32) [N] with ids in [0, num_actions). Returns a TensorDict, batch [N]: OBS uint8
         [N, M, 3], REWARDS float32 [N], TERMINATED bool [N] (always False), TRUNCATED bool [N], and TEACHER_ACTIONS
-        int64 [N] when teacher=True. For envs whose episode ended at this step, REWARDS / TRUNCATED describe the
-        step that just finished while OBS (and TEACHER_ACTIONS) already belong to the first step of the new episode.
+        int64 [N] when built with it in ``outputs``. For envs whose episode ended at this step, REWARDS / TRUNCATED
+        describe the step that just finished while OBS (and TEACHER_ACTIONS) already belong to the first step of the
+        new episode.
         """
         s, w = self.state, self.work
         act = self._check_actions(actions)

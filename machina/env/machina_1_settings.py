@@ -21,7 +21,7 @@ INTEGERS = {
     "seed": (None, None, ""),
 }
 FLOATS = ("heart_reward", "heart_made_reward", "resource_reward")
-BOOLEANS = ("teacher", "stagger")
+BOOLEANS = ("stagger",)
 
 
 def check_settings(settings: dict[str, Any]) -> None:

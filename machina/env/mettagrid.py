@@ -18,6 +18,8 @@ global tokens (episode progress, last reward), which MettaGrid marks with locati
 of the window, where the agent's own inventory tokens are too, so every location lies inside the window.
 """
 
+from collections.abc import Collection
+
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -38,9 +40,9 @@ class MettaGridArenaEnv(Env):
     """E MettaGrid envs of ``agents_per_env`` agents each; see the module docstring and ``mettagrid_game.py``.
 
     ``map_rows``: a fixed ASCII map (border included; '#' wall, '.' empty, '@' agent, 'm' mine, 'c' converter) for
-    every episode instead of random maps (tests, hand-made levels). ``teacher`` is accepted for the common
-    constructor signature; this env provides no teacher actions (``spec.provides_teacher`` is False). ``stagger``
-    False plays whole first episodes (evaluation).
+    every episode instead of random maps (tests, hand-made levels). ``outputs`` is taken for the common
+    constructor signature; this env declares no optional outputs (``spec.outputs`` is empty), so it asks for
+    nothing. ``stagger`` False plays whole first episodes (evaluation).
     """
 
     continues_episodes = False  # MettaGrid's C++ state is not saved: a restored env starts new episodes
@@ -63,7 +65,7 @@ class MettaGridArenaEnv(Env):
         map_rows: list[str] | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
-        teacher: bool = False,
+        outputs: Collection[str] = frozenset(),
         stagger: bool = True,
     ):
         try:
@@ -83,12 +85,10 @@ class MettaGridArenaEnv(Env):
             max_steps, max_tokens, window, list(map_rows) if map_rows else None,
         )  # fmt: skip
         names, norms = game.feature_table(cfg)
-        actions = game.action_names(cfg)
+        num_actions = len(game.action_names(cfg))
         obs_spec = ObsSpec(max_tokens, window, names, norms)
         # Staggered first episodes end early and the observation carries no step counter: truncations are bootstrapped.
-        self.spec = EnvSpec(
-            num_envs, agents_per_env, len(actions), obs_spec, actions, provides_teacher=False, observes_time=False
-        )
+        self.spec = EnvSpec(num_envs, agents_per_env, num_actions, obs_spec, frozenset(), observes_time=False)
         self.centre = (window // 2) << 4 | window // 2
         self.stat_keys = (game.HEART_STAT, game.ORE_STAT)
 

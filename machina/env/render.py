@@ -9,7 +9,6 @@ resource's colour (grey when none is held; its height grows with the amount) and
 """
 
 import numpy as np
-import torch
 
 from machina.env.grid import (
     AGENT_CHARS,
@@ -98,8 +97,3 @@ def save_png(frame: np.ndarray, path: str) -> None:
     from PIL import Image
 
     Image.fromarray(frame).save(path)
-
-
-def frame_tensor(env, env_index: int = 0, cell: int = 16) -> torch.Tensor:
-    """``render_frame`` as a uint8 tensor [3, H, W] (channels first), e.g. for video loggers."""
-    return torch.from_numpy(render_frame(env, env_index, cell)).permute(2, 0, 1).contiguous()

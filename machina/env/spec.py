@@ -68,10 +68,12 @@ def obs_spec_from_dict(data: dict[str, Any]) -> ObsSpec | VectorObsSpec:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """Shapes every env exposes: agents, observations, actions, and what the env provides.
+    """Shapes every env exposes: agents, observations, actions, and the optional outputs it can produce.
 
-    ``provides_teacher``: the env has a scripted teacher: built with ``teacher=True`` it returns ``TEACHER_ACTIONS``
-    with every step (whether this instance computes them is its own setting).
+    ``outputs``: keys (``machina.keys``, e.g. ``TEACHER_ACTIONS``) that an env built with them in its ``outputs``
+    argument returns with every step, besides what every env returns (``Env``). A loss asks for them with
+    ``Loss.env_outputs``; the builder refuses a request for a key the env does not declare here, and asks for
+    nothing else.
     ``observes_time``: the observation carries the episode's progress, so an episode cut at a time limit is a
     terminal state of the observed process and needs no bootstrap. When False, the env returns ``FINAL_OBS`` on
     steps where an episode was truncated, and the trainer bootstraps the truncated step from its value.
@@ -81,8 +83,7 @@ class EnvSpec:
     agents_per_env: int
     num_actions: int
     obs: ObsSpec | VectorObsSpec
-    action_names: tuple[str, ...]
-    provides_teacher: bool
+    outputs: frozenset[str]
     observes_time: bool
 
     @property

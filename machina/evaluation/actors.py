@@ -46,7 +46,7 @@ class PolicyActor:
 
 
 def teacher_actor(step: TensorDict) -> torch.Tensor:
-    """The env's scripted teacher (needs an env built with ``teacher=True``)."""
+    """The env's scripted teacher (needs an env built with ``TEACHER_ACTIONS`` in its ``outputs``)."""
     return step[keys.TEACHER_ACTIONS]
 
 

@@ -1,5 +1,5 @@
 """The numbers of an evaluation: full episodes on fixed layouts, for a policy, the env's scripted teacher (where the
-env has one) and a uniform random policy.
+env declares ``TEACHER_ACTIONS`` among its outputs) and a uniform random policy.
 
 An ``Evaluator`` builds its own envs with an env factory (``machina.env.factory.env_factory``): E = ``episodes``
 envs from ``seed``, all starting at step 0 (``stagger=False``), played until every env has ended one episode, and
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from machina import keys
 from machina.env.base import Env
 from machina.env.spec import EnvSpec, ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
@@ -22,6 +23,7 @@ from machina.evaluation.actors import Actor, PolicyActor, random_actor, teacher_
 from machina.evaluation.episodes import first_episodes, play
 from machina.evaluation.rng import forked_rng
 
+TEACHER = frozenset({keys.TEACHER_ACTIONS})
 STEP_LIMIT = 100_000  # steps an evaluation plays at most, waiting for every env to end an episode
 
 
@@ -29,7 +31,7 @@ class Evaluator:
     """Evaluates policies on ``episodes`` episodes of fixed layouts.
 
     Args:
-        make_env: ``make_env(num_envs=..., seed=..., stagger=..., teacher=...)`` -> an env (``env_factory``); the
+        make_env: ``make_env(seed=..., num_envs=..., stagger=..., outputs=...)`` -> an env (``env_factory``); the
             evaluation's envs are on that env's device, where the policy must be too.
         episodes: episodes per evaluation, played side by side (one per env).
         greedy: argmax actions instead of sampled ones.
@@ -50,15 +52,15 @@ class Evaluator:
             raise ConfigError(f"episodes must be a positive integer, got {episodes!r}")
         self.make_env, self.episodes, self.greedy, self.seed = make_env, episodes, bool(greedy), seed
         self.step_limit = step_limit
-        probe = make_env(num_envs=1, seed=seed, stagger=False, teacher=False)
+        probe = make_env(num_envs=1, seed=seed, stagger=False)
         self.spec: EnvSpec = probe.spec
         self.device = probe.device
 
-    def env(self, num_envs: int | None = None, teacher: bool = True) -> Env:
-        """A fresh env on the evaluation layouts (``num_envs`` defaults to ``episodes``), with the teacher's
-        actions where asked and the env provides them."""
-        teacher = teacher and self.spec.provides_teacher
-        return self.make_env(num_envs=num_envs or self.episodes, seed=self.seed, stagger=False, teacher=teacher)
+    def env(self, num_envs: int | None = None, outputs: frozenset[str] = frozenset()) -> Env:
+        """A fresh env on the evaluation layouts (``num_envs`` defaults to ``episodes``) returning the optional
+        ``outputs`` it declares among those asked for."""
+        outputs = outputs & self.spec.outputs
+        return self.make_env(num_envs=num_envs or self.episodes, seed=self.seed, stagger=False, outputs=outputs)
 
     def check(self, obs_spec: ObsSpec | VectorObsSpec, num_actions: int) -> None:
         """Refuse a policy built for other observations or actions than this env's, naming what differs."""
@@ -73,19 +75,21 @@ class Evaluator:
     def evaluate(self, policy: nn.Module) -> dict[str, float]:
         """Mean and spread of the policy's episodes: ``eval/<stat>`` and ``eval/<stat>_std`` for every stat of the
         env's episodes (machina_1: ``return`` per agent, ``length``, ``hearts_made``, ``hearts_deposited``,
-        ``resources_gathered`` per env), ``eval/episodes`` (how many were counted) and, where the env has a
-        teacher, ``eval/teacher_agreement`` (share of its agent-steps whose most likely action is the teacher's)."""
+        ``resources_gathered`` per env), ``eval/episodes`` (how many were counted) and, where the env declares
+        ``TEACHER_ACTIONS``, ``eval/teacher_agreement`` (share of its agent-steps whose most likely action is the
+        teacher's)."""
         return {f"eval/{k}": v for k, v in self._policy_row(policy).items()}
 
     @torch.no_grad()
     def compare(self, policy: nn.Module) -> dict[str, dict[str, float]]:
-        """Rows ``policy``, ``teacher`` (where the env has one) and ``random`` (keys as ``evaluate`` without the
+        """Rows ``policy``, ``teacher`` (where the env declares ``TEACHER_ACTIONS``) and ``random`` (keys as
+        ``evaluate`` without the
         ``eval/`` prefix), all on the same layouts (each row plays a fresh env)."""
         generator = torch.Generator(self.device).manual_seed(self.seed)
         rows = {"policy": self._policy_row(policy)}
-        if self.spec.provides_teacher:
-            rows["teacher"] = self._row(self.env(), teacher_actor)
-        rows["random"] = self._row(self.env(teacher=False), random_actor(self.spec.num_actions, generator))
+        if keys.TEACHER_ACTIONS in self.spec.outputs:
+            rows["teacher"] = self._row(self.env(outputs=TEACHER), teacher_actor)
+        rows["random"] = self._row(self.env(), random_actor(self.spec.num_actions, generator))
         return rows
 
     @torch.no_grad()
@@ -104,11 +108,11 @@ class Evaluator:
         return frames
 
     def _policy_row(self, policy: nn.Module) -> dict[str, float]:
-        env = self.env()
+        env = self.env(outputs=TEACHER)  # the teacher's actions, where declared, for the policy's agreement with them
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         with forked_rng(self.seed, self.device):
             row = self._row(env, actor)
-        if self.spec.provides_teacher:
+        if keys.TEACHER_ACTIONS in self.spec.outputs:
             row["teacher_agreement"] = actor.agreement()
         return row
 

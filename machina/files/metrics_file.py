@@ -1,4 +1,5 @@
-"""The run folder's ``metrics.jsonl``: its format, written by ``JsonlSink`` and read by compare, plot and resume.
+"""The run folder's ``metrics.jsonl``: its format, written by ``JsonlSink`` and read only through this module (by
+compare, plot and the run's history on resume).
 
 Format: one row per finished epoch, each row one JSON object on one line ending in ``\\n`` (ASCII: ``json.dumps``
 escapes everything else). Keys are metric names (``metric/agent_step``, ``overview/sps``, ...), values numbers or
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from machina.errors import ConfigError
 
+NAME = "metrics.jsonl"  # in the run folder
 TORN = "torn (a partial last line: the run stopped while writing it)"
 
 
@@ -58,12 +60,14 @@ def read_rows(path: Path) -> tuple[list[dict], list[str]]:
     return rows, warnings
 
 
-def shorten(warnings: list[str], limit: int = 5) -> list[str]:
-    """The first of ``warnings``, and one line counting the rest when there are more than ``limit`` (a garbled file
-    has a warning per line)."""
-    if len(warnings) <= limit:
-        return warnings
-    return [*warnings[: limit - 1], f"... and {len(warnings) - limit + 1} more skipped lines"]
+def read_folder(run_dir: Path, limit: int = 5) -> tuple[list[dict], list[str]]:
+    """The rows of ``run_dir``'s metrics file and the warnings about its skipped lines: the first of them, and one
+    line counting the rest when there are more than ``limit`` (a garbled file has a warning per line). Errors as
+    ``read_lines``; a run folder without the file has no rows."""
+    rows, warnings = read_rows(Path(run_dir) / NAME)
+    if len(warnings) > limit:
+        warnings = [*warnings[: limit - 1], f"... and {len(warnings) - limit + 1} more skipped lines"]
+    return rows, warnings
 
 
 def number(row: dict, key: str) -> float | None:

@@ -1,4 +1,5 @@
-"""How a run presents itself in W&B: project, group (one per sweep), a name that says its overrides, and tags."""
+"""How a run presents itself in W&B (and to any sink: ``RunInfo``): group (one per sweep), a name that says its
+overrides, and tags."""
 
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,7 @@ from omegaconf import DictConfig
 
 
 def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
-    """W&B project/group/name/tags: one group per sweep, a name that says the run's overrides.
+    """Group/name/job type/tags: one group per sweep, a name that says the run's overrides.
 
     The group is the sweep folder's name (``wandb.group`` overrides it). The name leads to the run's folder and
     says its overrides: ``JOB:OVERRIDES`` in a sweep (its folder is ``JOB_OVERRIDES``), ``DATE/TIME:OVERRIDES`` for
@@ -34,9 +35,6 @@ def wandb_identity(cfg: DictConfig) -> dict[str, Any]:
         where = "/".join(Path(hydra_cfg.runtime.output_dir).parts[-2:])
     name = ":".join(part for part in (where, overrides) if part) or None
     return {
-        "mode": cfg.wandb.mode,
-        "project": cfg.wandb.project,
-        "entity": cfg.wandb.entity,
         "group": group,
         "name": name,
         "job_type": "+".join(n for n, node in cfg.losses.items() if node.get("enabled", True)) or "none",

@@ -12,8 +12,8 @@ from machina.errors import ConfigError
 from machina.files import saved_state
 from machina.files.snapshot import pack
 from machina.keys import Spec
-from machina.losses.schedule import Linear
 from machina.progress import Progress
+from machina.schedules import Linear
 
 
 class Loss(nn.Module):
@@ -23,8 +23,9 @@ class Loss(nn.Module):
         consumes: policy outputs this loss reads (at rollout or in training). The ``consumes`` resolver reads it to
             derive ``policy.action_probs.emit_full_log_probs``, and start-up refuses a policy that does not emit
             one of them.
-        env_keys: env outputs this loss needs besides observations and rewards (e.g. ``TEACHER_ACTIONS``); the
-            env computes teacher actions only when a loss asks for them.
+        env_outputs: optional env outputs this loss reads (keys an env may declare in ``EnvSpec.outputs``, e.g.
+            ``TEACHER_ACTIONS``). The builder asks the env for exactly the outputs the enabled losses name, and
+            refuses at start-up a loss whose output the env does not declare.
         rollout_state: names of the TensorDicts it keeps between rollout steps (saved in checkpoints).
 
     Every rollout step stores the trajectory keys (``machina.training.experience.trajectory_spec``); a loss declares
@@ -32,7 +33,7 @@ class Loss(nn.Module):
     """
 
     consumes: ClassVar[frozenset[str]] = frozenset()
-    env_keys: ClassVar[frozenset[str]] = frozenset()
+    env_outputs: ClassVar[frozenset[str]] = frozenset()
     # Attributes the loss keeps between rollout steps: TensorDicts of batch [num_agents], or None before the first
     # step. Checkpoints carry them (``get_extra_state``), checked on restore against ``rollout_state_like``.
     rollout_state: ClassVar[tuple[str, ...]] = ()
@@ -90,13 +91,9 @@ class Loss(nn.Module):
         return {}
 
     def setup(
-        self,
-        env_spec: EnvSpec,
-        policy: nn.Module,
-        device: torch.device,
-        all_reduce: Callable[[torch.Tensor], torch.Tensor],
+        self, env_spec: EnvSpec, device: torch.device, all_reduce: Callable[[torch.Tensor], torch.Tensor]
     ) -> None:
-        """Validate against the env and policy, and keep what the loss is handed: its ``device``, the env's
+        """Validate against the env, and keep what the loss is handed: its ``device``, the env's
         ``num_agents`` and ``all_reduce``, which sums a tensor over the ranks of a data-parallel run (no rank logic in
         losses). Subclasses extend it and call it first."""
         self.all_reduce, self.device, self.num_agents = all_reduce, torch.device(device), env_spec.num_agents

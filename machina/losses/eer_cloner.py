@@ -10,8 +10,8 @@ from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms
-from machina.losses.schedule import Linear, as_schedule
 from machina.progress import Progress
+from machina.schedules import Linear, as_schedule
 
 
 class EERClonerLoss(Loss):
@@ -21,7 +21,7 @@ class EERClonerLoss(Loss):
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS})
-    env_keys = frozenset({keys.TEACHER_ACTIONS})
+    env_outputs = frozenset({keys.TEACHER_ACTIONS})
 
     def __init__(
         self,

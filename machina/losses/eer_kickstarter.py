@@ -24,9 +24,9 @@ from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import sample_mean
-from machina.losses.schedule import Linear, as_schedule
 from machina.policy.inputs import next_state, rollout_input
 from machina.progress import Progress
+from machina.schedules import Linear, as_schedule
 
 
 class EERKickstarterLoss(Loss):
@@ -60,8 +60,8 @@ class EERKickstarterLoss(Loss):
         self.r_lambda = as_schedule(r_lambda, "losses.eer_kickstarter.r_lambda")
         self._state: TensorDict | None = None
 
-    def setup(self, env_spec: EnvSpec, policy: nn.Module, device: torch.device, all_reduce) -> None:
-        super().setup(env_spec, policy, device, all_reduce)
+    def setup(self, env_spec: EnvSpec, device: torch.device, all_reduce) -> None:
+        super().setup(env_spec, device, all_reduce)
         if self.teacher.num_actions != env_spec.num_actions:
             raise ConfigError(
                 f"losses.eer_kickstarter.teacher has {self.teacher.num_actions} actions but the env has "

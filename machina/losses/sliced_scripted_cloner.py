@@ -8,8 +8,8 @@ from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms, lead_with_teacher
-from machina.losses.schedule import Linear, as_schedule
 from machina.progress import Progress
+from machina.schedules import Linear, as_schedule
 
 
 class SlicedScriptedClonerLoss(Loss):
@@ -26,7 +26,7 @@ class SlicedScriptedClonerLoss(Loss):
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS})
-    env_keys = frozenset({keys.TEACHER_ACTIONS})
+    env_outputs = frozenset({keys.TEACHER_ACTIONS})
     rollout_state = ("masks",)  # this rollout's slices
     MASKS = (keys.STUDENT_MASK, keys.TEACHER_MASK, keys.PPO_MASK)
 

@@ -8,8 +8,8 @@ from machina.env.spec import EnvSpec
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms, lead_with_teacher
-from machina.losses.schedule import Linear, as_schedule
 from machina.progress import Progress
+from machina.schedules import Linear, as_schedule
 
 
 class SupervisorLoss(Loss):
@@ -34,7 +34,7 @@ class SupervisorLoss(Loss):
     """
 
     consumes = frozenset({keys.FULL_LOG_PROBS})
-    env_keys = frozenset({keys.TEACHER_ACTIONS})
+    env_outputs = frozenset({keys.TEACHER_ACTIONS})
 
     def __init__(self, action_loss_coef: float | Linear = 1.0, teacher_led_proportion: float | Linear = 0.0):
         super().__init__()

@@ -8,10 +8,12 @@ import by name: importing a module can run code), and give them plain values. It
 
     _target_: machina.policy.component.ComponentPolicy     (optionally _convert_, as Hydra spells it)
     encoder / core / actor / critic: {_target_: <component>, _partial_: true, <argument>: <plain value>, ...}
-    action_probs: {_target_: machina.policy.action_probs.ActionProbs, emit_full_log_probs: <bool>}
+    action_probs: {_target_: machina.policy.action_probs.ActionProbs}
 
 ``core`` may be None or "none" (a feed-forward policy). A plain value is a number, string, bool or None, or a list
-of those.
+of those. ``action_probs.emit_full_log_probs`` is not architecture: the run derives it from its enabled losses
+(machina/startup/resolvers.py), so a file stores the policy config without it (``architecture``), refuses it, and
+whoever builds the policy passes it (``build_policy``).
 """
 
 from functools import partial
@@ -46,6 +48,18 @@ CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode valu
 PLAIN = (bool, int, float, str, type(None))
 MAX_LIST = 64  # items of a list argument (a policy's hidden widths, the Perceiver's frequencies)
 MAX_INT = 2**31  # no width or count of a policy comes near it
+# (slot, argument): the one setting of a policy config that is not architecture but a run-time flag.
+RUN_TIME = ("action_probs", "emit_full_log_probs")
+
+
+def architecture(policy_config: dict[str, Any]) -> dict[str, Any]:
+    """``policy_config`` (a resolved ``policy`` node) as a policy file or checkpoint stores it: without its run-time
+    flag ``action_probs.emit_full_log_probs``."""
+    slot, flag = RUN_TIME
+    node = policy_config.get(slot)
+    if not isinstance(node, dict):
+        return policy_config
+    return {**policy_config, slot: {k: v for k, v in node.items() if k != flag}}
 
 
 def check_architecture(architecture: Any, source: str) -> None:
@@ -83,6 +97,10 @@ def check_architecture(architecture: Any, source: str) -> None:
                 continue
             if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
                 raise refuse(f"{entry}.{key}", "is not an argument name")
+            if (slot, key) == RUN_TIME:  # files written before it left architecture hold it; the loader decides
+                if not isinstance(value, bool):
+                    raise refuse(f"{entry}.{key}", f"is {value!r}, not a boolean")
+                continue
             check_plain(value, f"{entry}.{key}", refuse)
 
 
@@ -141,8 +159,8 @@ def build_policy(
     num_actions: int,
     emit_full_log_probs: bool = False,
 ) -> ComponentPolicy:
-    """The policy an architecture describes (checked first with ``check_architecture``). ``emit_full_log_probs`` is a
-    run-time flag, not architecture: the file's value is ignored and the caller's used."""
+    """The policy an architecture describes (checked first with ``check_architecture``), emitting ``FULL_LOG_PROBS``
+    when the caller says so (``emit_full_log_probs``: a run-time flag, not architecture)."""
     slots: dict[str, Any] = {}
     for slot in SLOTS:
         node = architecture[slot]
@@ -151,7 +169,7 @@ def build_policy(
             continue
         kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_", "_convert_")}
         cls = COMPONENTS[node["_target_"]]
-        if slot == "action_probs":
-            kwargs["emit_full_log_probs"] = emit_full_log_probs
+        if slot == RUN_TIME[0]:
+            kwargs[RUN_TIME[1]] = emit_full_log_probs
         slots[slot] = partial(cls, **kwargs) if slot in FACTORY_SLOTS else cls(**kwargs)
     return ComponentPolicy(obs_spec, num_actions, **slots)

@@ -135,10 +135,6 @@ class ComponentPolicy(nn.Module):
         """The components in the order they run."""
         return (self.encoder, self.core, self.actor, self.critic, self.action_probs)
 
-    @property
-    def recurrent(self) -> bool:
-        return bool(self.state_keys)
-
     def output_keys(self) -> tuple[str, ...]:
         """Every key a forward may write, given the current ``action_probs.emit_full_log_probs``."""
         return tuple(dict.fromkeys(key for component in self.parts() for key in component.out_keys))

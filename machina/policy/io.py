@@ -1,7 +1,8 @@
 """Policy files: weights plus the plain-data architecture needed to rebuild the policy, loaded safely.
 
 A policy file is a dict of plain data and tensors only:
-    {"format": "machina.policy/1", "architecture": <resolved policy config>, "obs_spec": {...},
+    {"format": "machina.policy/1", "architecture": <resolved policy config without its run-time flag
+     action_probs.emit_full_log_probs (machina.policy.allowlist.architecture)>, "obs_spec": {...},
      "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.files.checksum>}
 A file from an untrusted source cannot run code or allocate more than it holds: it is read as bounded plain data
 (``machina.files.torch_file``: ``torch.load(weights_only=True)`` after its archive and pickle are checked), and the
@@ -21,19 +22,20 @@ from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spe
 from machina.errors import ConfigError
 from machina.files import checksum, torch_file
 from machina.files.snapshot import nonfinite
-from machina.policy.allowlist import build_policy, check_architecture, check_sizes
+from machina.policy.allowlist import architecture, build_policy, check_architecture, check_sizes
 
 FORMAT = "machina.policy/1"
 
 
 def policy_payload(
-    policy: nn.Module, architecture: dict[str, Any], obs_spec: ObsSpec | VectorObsSpec
+    policy: nn.Module, policy_config: dict[str, Any], obs_spec: ObsSpec | VectorObsSpec
 ) -> dict[str, Any]:
-    """What a policy file holds (sealed with its checksum): ``torch.save`` it as it is."""
+    """What a policy file holds (sealed with its checksum): ``torch.save`` it as it is. ``policy_config``: the
+    resolved ``policy`` node; the file stores its ``architecture``."""
     return checksum.seal(
         {
             "format": FORMAT,
-            "architecture": architecture,
+            "architecture": architecture(policy_config),
             "obs_spec": obs_spec_to_dict(obs_spec),
             "num_actions": int(policy.num_actions),
             "state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},

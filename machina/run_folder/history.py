@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 POLICY = re.compile(r"policy_(\d+)\.pt")
 REPLAY = re.compile(r"replay_(\d+)\.gif")
-METRICS = "metrics.jsonl"
 REWOUND = "rewound"
 
 
@@ -52,13 +51,13 @@ class History:
             checkpoints(run_dir / "checkpoints"),
             numbered(run_dir / "checkpoints", POLICY),
             numbered(run_dir / "replays", REPLAY),
-            metrics_file.read_lines(run_dir / METRICS),
+            metrics_file.read_lines(run_dir / metrics_file.NAME),
         )
 
     def summary(self) -> list[str]:
         """What the history holds, in a few words per kind (empty when there is none)."""
         rows = sum(line.row is not None for line in self.lines)
-        held = [f"{METRICS} ({rows} rows)"] if self.lines else []
+        held = [f"{metrics_file.NAME} ({rows} rows)"] if self.lines else []
         held += [path.name for _, path in (self.checkpoints + self.policies)[-3:]]
         held += [f"{len(self.replays)} replays"] if self.replays else []
         return held
@@ -98,7 +97,7 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
 
 # What a run writes in its folder: folders, and files it appends to or replaces.
 FOLDERS = ("checkpoints", "replays", ".hydra", "wandb")
-FILES = (METRICS, "resolved_config.yaml", "train.log")
+FILES = (metrics_file.NAME, "resolved_config.yaml", "train.log")
 
 
 def check_writable(run_dir: Path) -> None:
@@ -134,11 +133,11 @@ def rewind(run_dir: Path, epoch: int) -> Path | None:
     archive.mkdir(parents=True, exist_ok=True)
     if later:
         moved = "".join(f"{line.text}\n" for line in later).encode("utf-8")
-        atomic_write(archive / METRICS, lambda f: f.write(moved))
+        atomic_write(archive / metrics_file.NAME, lambda f: f.write(moved))
         moved_numbers = {line.number for line in later}
         kept = "".join(f"{line.text}\n" for line in history.lines if line.number not in moved_numbers)
         kept = kept.encode("utf-8")
-        atomic_write(Path(run_dir) / METRICS, lambda f: f.write(kept))
+        atomic_write(Path(run_dir) / metrics_file.NAME, lambda f: f.write(kept))
     for path in files:
         target = archive / path.parent.name / path.name
         target.parent.mkdir(exist_ok=True)
@@ -150,8 +149,8 @@ def rewind(run_dir: Path, epoch: int) -> Path | None:
         ", ".join(
             part
             for part in (
-                f"{len(later) - len(torn)} {METRICS} rows" if len(later) > len(torn) else "",
-                f"{len(torn)} unreadable {METRICS} lines ({torn[0].problem})" if torn else "",
+                f"{len(later) - len(torn)} {metrics_file.NAME} rows" if len(later) > len(torn) else "",
+                f"{len(torn)} unreadable {metrics_file.NAME} lines ({torn[0].problem})" if torn else "",
                 ", ".join(p.name for p in files[:4]) + (" ..." if len(files) > 4 else ""),
             )
             if part

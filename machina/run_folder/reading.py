@@ -22,7 +22,8 @@ from pathlib import Path
 import yaml
 
 from machina.errors import ConfigError
-from machina.files.metrics_file import number, read_file, read_rows, shorten
+from machina.files import metrics_file
+from machina.files.metrics_file import number, read_file
 
 # Hydra's job log format: "[time][logger][LEVEL] - message".
 ERROR_LINE = re.compile(r"\]\[(?:ERROR|CRITICAL)\] - (.*)")
@@ -84,7 +85,7 @@ def is_training_run(path: Path) -> bool:
     listed as damaged rather than left out."""
     path = Path(path)
     config = read_yaml(path, CONFIG, {}, [])
-    trained = (path / "metrics.jsonl").exists() or (path / "checkpoints").exists()
+    trained = (path / metrics_file.NAME).exists() or (path / "checkpoints").exists()
     return config is None or "trainer" in config or trained
 
 
@@ -125,7 +126,7 @@ def read_run(path: Path) -> RunRecord:
         record.status = "incomplete" if interrupted or (rows and record.error is None) else "failed"
         if not rows and record.error is None:
             # Hydra prints an unexpected exception to the sweep's console, not to the job's log.
-            record.error = "no metrics.jsonl rows and no error in train.log (see the sweep's console output)"
+            record.error = f"no {metrics_file.NAME} rows and no error in train.log (see the sweep's console output)"
     return record
 
 
@@ -138,7 +139,7 @@ def summarize_rows(record: RunRecord, rows: list[dict]) -> None:
     rewards = [number(row, REWARD) for row in rows]  # None is common: no episode ended that epoch
     for key, values in ((STEP, steps), (SPS, sps), (EPOCH_TIME, times)):
         if None in values:
-            record.warnings.append(f"metrics.jsonl: {values.count(None)} of {len(rows)} rows without {key}")
+            record.warnings.append(f"{metrics_file.NAME}: {values.count(None)} of {len(rows)} rows without {key}")
     known_steps = [step for step in steps if step is not None]
     ended = [r for r in rewards if r is not None]
     record.epochs = len(rows)
@@ -156,11 +157,10 @@ def read_metrics(path: Path, damage: list[str]) -> tuple[list[dict], list[str]]:
     """The run's metrics rows and the warnings about skipped lines (the first few, then a count); a metrics.jsonl
     that cannot be read is damage."""
     try:
-        rows, skipped = read_rows(path / "metrics.jsonl")
+        return metrics_file.read_folder(path)
     except ConfigError as err:
         damage.append(str(err))
         return [], []
-    return rows, shorten(skipped)
 
 
 def read_log(path: Path, damage: list[str]) -> str:

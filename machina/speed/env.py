@@ -26,15 +26,21 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from machina import keys
 from machina.env.machina_1 import Machina1Env
 from machina.speed.host_reads import count_host_reads
 
 POOL = 16  # random action batches, cycled
 
 
+def teacher_outputs(teacher: bool) -> frozenset[str]:
+    """The optional env outputs to ask for: the teacher's actions, or none."""
+    return frozenset({keys.TEACHER_ACTIONS}) if teacher else frozenset()
+
+
 def measure(num_envs: int, teacher: bool, steps: int, repeats: int, warmup: int, device: str, seed: int) -> dict:
     """Time ``repeats`` rounds of ``steps`` env steps after ``warmup``; returns one result record."""
-    env = Machina1Env(num_envs=num_envs, teacher=teacher, device=device, seed=seed)
+    env = Machina1Env(num_envs=num_envs, outputs=teacher_outputs(teacher), device=device, seed=seed)
     pool = action_pool(env, seed)
     for i in range(warmup):
         env.step(pool[i % POOL])
@@ -64,7 +70,7 @@ def measure(num_envs: int, teacher: bool, steps: int, repeats: int, warmup: int,
 
 def op_counts(teacher: bool, num_envs: int = 4, steps: int = 20, device: str = "cpu", seed: int = 0) -> dict:
     """aten ops, host microseconds and host reads per ``env.step`` of the default env (after 10 warmup steps)."""
-    env = Machina1Env(num_envs=num_envs, teacher=teacher, device=device, seed=seed)
+    env = Machina1Env(num_envs=num_envs, outputs=teacher_outputs(teacher), device=device, seed=seed)
     pool = action_pool(env, seed).unbind(0)  # indexing the pool inside the profile would count as ops too
     for i in range(10):
         env.step(pool[i % POOL])

@@ -30,6 +30,7 @@ from machina.progress import Progress
 from machina.speed.host_reads import count_host_reads
 from machina.startup import resolvers
 from machina.startup.build import Parts, build, build_trainer
+from machina.startup.renamed import renamed
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -37,7 +38,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def compose_config(overrides: list[str]):
     resolvers.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench"):
-        return compose(config_name="config", overrides=["wandb=disabled", *overrides])
+        return compose(config_name="config", overrides=["wandb=disabled", *renamed(overrides)])
 
 
 class Setup:

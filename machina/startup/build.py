@@ -5,27 +5,34 @@ each injected into the next; ``build_trainer`` puts the two phases into the epoc
 folder, sinks, checkpoints and evaluation; benchmarks and tests build the same parts here.
 """
 
+import inspect
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from machina import keys
+from machina.env.base import Env
+from machina.env.factory import env_factory
+from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
+from machina.logging.identity import wandb_identity
+from machina.logging.sink import RunInfo, Sink, Sinks
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.startup.system import System
 from machina.training import distributed
-from machina.training.cuda_graph import CudaGraph
+from machina.training.execution import Execution
 from machina.training.experience import Experience, trajectory_spec
 from machina.training.learner import Learner
 from machina.training.rollout import Rollout
@@ -37,7 +44,8 @@ log = logging.getLogger(__name__)
 class Parts:
     system: System
     device: torch.device
-    env: object
+    make_env: Callable[..., Env]  # machina.env.factory's make_env for this config: evaluation builds its envs with it
+    env: Env
     policy: nn.Module
     losses: dict[str, Loss]
     experience: Experience
@@ -96,20 +104,15 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
         log.info("system.compile=auto: %s", "compiling the policy and the update" if system.compile else "eager")
     device = distributed.rank_device(system.apply())
     losses = build_losses(cfg.losses)
-    needs_teacher = any(keys.TEACHER_ACTIONS in loss.env_keys for loss in losses.values())
-    env = instantiate(cfg.env, device=str(device), seed=system.seed, teacher=needs_teacher)
-    for name, loss in losses.items():
-        if keys.TEACHER_ACTIONS in loss.env_keys and not env.spec.provides_teacher:
-            raise ConfigError(
-                f"loss '{name}' learns from {keys.TEACHER_ACTIONS}, which env {cfg.env._target_} does not provide; "
-                f"choose env=machina_1 or disable the loss with losses.{name}.enabled=false"
-            )
+    make_env = build_env_factory(cfg.env, device)
+    env = make_env(seed=system.seed, outputs={key for loss in losses.values() for key in loss.env_outputs})
+    check_env_outputs(losses, env.spec, cfg.env._target_)
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions).to(device)
     check_policy_outputs(losses, policy)
     if system.compile:
         policy.compile()  # in place: parameter names (and so checkpoints) stay those of the eager module
     for loss in losses.values():
-        loss.setup(env.spec, policy, device, distributed.all_reduce_sum)
+        loss.setup(env.spec, device, distributed.all_reduce_sum)
         loss.to(device)
     spec = merge_specs(
         {
@@ -125,8 +128,8 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     )
     optimizer = instantiate(cfg.optimizer)(policy.parameters())
     stopwatch = Stopwatch()
-    graph = partial(CudaGraph, device) if system.cuda_graphs else None
-    rollout = Rollout(env, policy, losses, experience, stopwatch, compile=system.compile, graph=graph)
+    execution = Execution.for_device(system.compile, system.cuda_graphs, device)
+    rollout = Rollout(env, policy, losses, experience, stopwatch, execution)
     learner = instantiate(
         cfg.learner,
         policy=policy,
@@ -134,17 +137,41 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
         experience=experience,
         optimizer=optimizer,
         stopwatch=stopwatch,
-        compile=system.compile,
-        graph=graph,
+        execution=execution,
     )
-    return Parts(system, device, env, policy, losses, experience, optimizer, rollout, learner)
+    return Parts(system, device, make_env, env, policy, losses, experience, optimizer, rollout, learner)
 
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
-    """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator
-    (``trainer.evaluation`` configures the evaluator, built by ``machina.run``, not the trainer)."""
-    loop = OmegaConf.masked_copy(cfg.trainer, [key for key in cfg.trainer if key != "evaluation"])
-    return instantiate(loop, rollout=parts.rollout, learner=parts.learner, **extra)
+    """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
+    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
+
+
+def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> Sinks:
+    """The sinks of the ``logger`` group (``logger.<name>``: a ``_target_``, a ``machina.logging.sink.Sink``
+    subclass, and its settings), built by ``Sink.for_run`` when ``Sinks.open`` runs (once the run is accepted). A
+    target that is not a sink, or a setting it does not take, is refused here, before anything is written."""
+    who = wandb_identity(cfg)
+    run = RunInfo(run_dir, run_id, resolved, who["name"], who["group"], who["tags"], who["job_type"])
+    openers = []
+    for name, node in (cfg.get("logger") or {}).items():
+        settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
+        target = settings.pop("_target_", None)
+        try:
+            sink_class = get_class(target)
+        except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+            raise ConfigError(f"logger.{name}._target_={target} names no class that can be imported ({err})") from None
+        if not (isinstance(sink_class, type) and issubclass(sink_class, Sink)):
+            raise ConfigError(f"logger.{name}._target_={target} is not a sink (a machina.logging.sink.Sink subclass)")
+        try:  # the settings go to for_run, or to the constructor when the class keeps Sink's for_run
+            if sink_class.for_run.__func__ is Sink.for_run.__func__:
+                inspect.signature(sink_class).bind(**settings)
+            else:
+                inspect.signature(sink_class.for_run).bind(run, **settings)
+        except TypeError as err:
+            raise ConfigError(f"logger.{name} ({target}): {err}") from None
+        openers.append(partial(sink_class.for_run, run, **settings))
+    return Sinks(openers)
 
 
 def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
@@ -157,6 +184,34 @@ def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
         if node.get("enabled", True):
             losses[name] = instantiate(kwargs, _convert_="all")
     return losses
+
+
+def build_env_factory(env_cfg: DictConfig, device: torch.device) -> Callable[..., Env]:
+    """The env factory (``machina.env.factory``) of the composed ``env`` node: the one way training and its
+    evaluation build envs. The node comes from conf/ and the command line, not from a file, so its ``_target_`` may
+    name any ``Env`` subclass; the class is looked up here."""
+    settings = OmegaConf.to_container(env_cfg, resolve=True)
+    target = settings.get("_target_")
+    env_class = None
+    if isinstance(target, str):
+        try:
+            env_class = get_class(target)
+        except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+            raise ConfigError(f"env._target_={target} names no class that can be imported ({err})") from None
+    return env_factory(settings, device, env_class)
+
+
+def check_env_outputs(losses: dict[str, Loss], env_spec: EnvSpec, env_target: str) -> None:
+    """Refuse at start-up, before the env's first step, a loss that reads an env output the env does not declare
+    (``Loss.env_outputs`` against ``EnvSpec.outputs``)."""
+    declared = ", ".join(sorted(env_spec.outputs)) or "none"
+    for name, loss in losses.items():
+        for key in sorted(type(loss).env_outputs - env_spec.outputs):
+            raise ConfigError(
+                f"loss '{name}' reads the env output {key}, which env {env_target} does not declare (its optional "
+                f"outputs: {declared}); choose an env that declares it or disable the loss with "
+                f"losses.{name}.enabled=false"
+            )
 
 
 def check_policy_outputs(losses: dict[str, Loss], policy) -> None:

@@ -30,48 +30,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from machina.errors import ConfigError
 from machina.run_folder.run_record import note_missing_folders
+from machina.startup.renamed import renamed
 from machina.startup.resolvers import register
-
-# Keys that moved (old spelling -> new), so the command lines users type keep working; each use prints a note.
-RENAMED = {
-    "trainer.update_epochs": "learner.update_epochs",
-    "trainer.max_grad_norm": "learner.max_grad_norm",
-    "trainer.gamma": "learner.gamma",
-    "trainer.gae_lambda": "learner.gae_lambda",
-    "trainer.vtrace_rho_clip": "learner.vtrace_rho_clip",
-    "trainer.vtrace_c_clip": "learner.vtrace_c_clip",
-    "evaluation": "trainer.evaluation",
-    "experience.sampling": "experience/sampler",
-    "experience.prio_alpha": "experience.sampler.alpha",
-    "experience.prio_beta0": "experience.sampler.beta0",
-    "losses.eer_kickstarter.teacher_checkpoint": "losses.eer_kickstarter.teacher.path",
-}
 
 # Sweeps whose values can be listed; interval() and glob() cannot be judged here.
 LISTED_SWEEPS = (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.RANGE_SWEEP)
 
 
-def renamed(argv: list[str]) -> list[str]:
-    """``argv`` with the keys of ``RENAMED`` (or keys under them) in their new spelling, a note on stderr for each."""
-    out = []
-    for arg in argv:
-        prefix = arg[: len(arg) - len(arg.lstrip("+~"))]
-        key, sep, value = arg[len(prefix) :].partition("=")
-        for old, new in RENAMED.items():
-            if key == old or key.startswith(old + "."):
-                moved = new + key[len(old) :]
-                print(f"note: {key} is now {moved}; taking it as such", file=sys.stderr)
-                arg = f"{prefix}{moved}{sep}{value}"
-                break
-        out.append(arg)
-    return out
-
-
 def check_or_exit(argv: list[str], config_dir: Path, config_name: str = "config") -> list[str]:
-    """``check`` the command line ``argv`` (without the program) and return it as Hydra should get it; on a
-    ConfigError print it and exit with 2."""
+    """``check`` the command line ``argv`` (without the program), its moved keys in their new spelling
+    (``machina.startup.renamed``), and return it as Hydra should get it; on a ConfigError print it and exit with 2."""
     try:
-        return check(argv, config_dir, config_name)
+        return check(renamed(argv), config_dir, config_name)
     except ConfigError as err:
         print(f"ConfigError: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -2,6 +2,14 @@
 
 ``${consumes:KEY,${losses}}`` is true when an enabled loss's class lists KEY in its ``consumes`` attribute. The loss
 class is the single source of truth for what it reads, so no list of loss names exists anywhere.
+
+``policy.action_probs.emit_full_log_probs`` is derived here, and only here: conf/config.yaml sets it once, for
+every policy, to ``${consumes:full_log_probs,${losses}}``, and every other part reads that one value (the policy's
+``ActionProbs`` is built with it; start-up, ``machina.startup.build.check_policy_outputs``, refuses a forced false
+that an enabled loss needs). It is a run-time setting, not architecture: policy files and checkpoints store the
+policy config without it (``machina.policy.allowlist.architecture``), and whoever loads a policy file says whether
+it emits (``machina.policy.io.load_policy``). A new loss whose class lists ``full_log_probs`` in ``consumes``
+switches it on with no other edit.
 """
 
 from hydra.utils import get_class

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from machina import checks
 from machina.errors import ConfigError
 
 
@@ -54,7 +55,7 @@ class System:
         if not isinstance(threads, int) or threads < 0:
             raise ConfigError(f"system.threads must be a non-negative integer (0 = torch default), got {threads!r}")
         self.seed = seed + rank
-        self.device = resolve_device(device)
+        self.device = checks.device("system.device", device)
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
         self.tf32 = bool(tf32)
@@ -100,22 +101,3 @@ def compiler_present(device: torch.device) -> bool:
     if device.type == "cuda":
         return importlib.util.find_spec("triton") is not None
     return any(shutil.which(name) for name in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++"))
-
-
-def resolve_device(name: str, key: str = "system.device") -> torch.device:
-    """Turn a device setting (``key``: ``system.device``, or eval.py's ``device``) into a torch.device, with a clear
-    error, naming ``key``, for unknown or absent devices."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as err:
-        raise ConfigError(f"{key}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from err
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{key}={name!r} but CUDA is not available here; use {key}=cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA devices exist")
-    elif device.type != "cpu":
-        raise ConfigError(f"{key}={name!r} is not supported; use auto, cpu, cuda or cuda:N")
-    return device

@@ -1,13 +1,14 @@
 """Start-up checks of the composed config: plain values against constructor annotations, and the ranges of the
-settings whose constructors take any number."""
+settings whose constructors take any number. The check of one value, which constructors use too, is
+``machina.checks``."""
 
-import math
 import types
 import typing
 from typing import Any
 
 from hydra.utils import get_object
 
+from machina import checks
 from machina.errors import ConfigError
 from machina.training.epoch_metrics import summarize
 
@@ -69,19 +70,19 @@ NON_NEGATIVE = ("optimizer.lr", "optimizer.eps")
 
 
 def check_ranges(resolved: dict[str, Any]) -> None:
-    """Refuse a non-finite or negative value of a ``NON_NEGATIVE`` key, naming the key and the value. Values that are
-    not numbers are left to ``check_types``; a key the chosen option does not have is not checked."""
+    """Refuse a non-finite or negative value of a ``NON_NEGATIVE`` key, naming the key and the value; a key the chosen
+    option does not have is not checked."""
     for key in NON_NEGATIVE:
         node: Any = resolved
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, int | float) and not isinstance(node, bool) and not (math.isfinite(node) and node >= 0):
-            raise ConfigError(f"{key}={node!r} must be a finite number >= 0; fix the value of {key}")
+        if node is not None:
+            checks.finite(key, node, low=0)
 
 
 def check_run(resolved: dict[str, Any]) -> None:
-    """Every start-up check of a training config that needs no part built: types, ranges, the objective's name and
-    the periodic evaluation's settings (``trainer.evaluation``, read by ``machina.run``, not by a constructor)."""
+    """Every start-up check of a training config that needs no part built: types, ranges and the objective's name.
+    (The ``evaluation`` node, read by ``machina.run`` and not by a constructor, is checked where it is read.)"""
     check_types(resolved)
     check_ranges(resolved)
     objectives = sorted(summarize([]))
@@ -90,15 +91,3 @@ def check_run(resolved: dict[str, Any]) -> None:
             f"objective={resolved.get('objective')!r} is not a summary metric a run returns; choose one of "
             f"{', '.join(objectives)}"
         )
-    evaluation = resolved.get("trainer", {}).get("evaluation")
-    if not isinstance(evaluation, dict):
-        raise ConfigError(f"trainer.evaluation must be a mapping of episodes, greedy, seed_offset; got {evaluation!r}")
-    for key, kind, low in (("episodes", int, 1), ("greedy", bool, None), ("seed_offset", int, 0)):
-        value = evaluation.get(key)
-        plain = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-        if not plain or (low is not None and value < low):
-            wanted = "true or false" if kind is bool else f"an integer >= {low}"
-            raise ConfigError(f"trainer.evaluation.{key}={value!r} must be {wanted}")
-    unknown = sorted(set(evaluation) - {"episodes", "greedy", "seed_offset"})
-    if unknown:
-        raise ConfigError(f"trainer.evaluation has unknown keys {unknown}; it takes episodes, greedy, seed_offset")

@@ -46,6 +46,7 @@ from machina.files import checksum
 from machina.files.atomic import atomic_write
 from machina.files.saved_state import within
 from machina.files.snapshot import capture_rng, nonfinite, restore_rng
+from machina.policy.allowlist import architecture
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
 from machina.training import checkpoint_schema, distributed
 
@@ -60,7 +61,8 @@ class Checkpointer:
 
     Args:
         directory: ``<run_dir>/checkpoints``; created, and checked to be writable, by ``prepare``.
-        architecture: the resolved ``policy`` config, enough to rebuild the policy.
+        architecture: the resolved ``policy`` config, enough to rebuild the policy (stored without its run-time
+            flag ``action_probs.emit_full_log_probs``: ``machina.policy.allowlist.architecture``).
         obs_spec: the env's observation spec, stored with the policy.
         config: the resolved run config, stored for the record and compared on resume.
         wandb_run_id: the W&B run this run logs to.
@@ -170,10 +172,11 @@ class Checkpointer:
         ``optimizer.lr`` takes effect. ``policy.action_probs.emit_full_log_probs`` is not architecture (it follows
         the enabled losses), so the set of losses may change on resume."""
         policy, where = data["policy"], f"the checkpoint {str(source)!r}"
-        if architecture_only(policy["architecture"]) != architecture_only(self.architecture):
+        ours = architecture(self.architecture)
+        if policy["architecture"] != ours:
             raise ConfigError(
                 f"{where} was trained with another policy architecture ("
-                + "; ".join(config_diff(policy["architecture"], self.architecture, "policy"))
+                + "; ".join(config_diff(policy["architecture"], ours, "policy"))
                 + "); resume with the checkpoint's policy settings or start a new run folder (hydra.run.dir)"
             )
         if policy["num_actions"] != trainer.policy.num_actions:
@@ -212,14 +215,6 @@ class Checkpointer:
 
     def _kept(self) -> str:
         return f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
-
-
-def architecture_only(architecture: dict[str, Any]) -> dict[str, Any]:
-    """A policy config without its run-time flag ``action_probs.emit_full_log_probs`` (derived from the losses)."""
-    probs = architecture.get("action_probs")
-    if not isinstance(probs, dict):
-        return architecture
-    return {**architecture, "action_probs": {k: v for k, v in probs.items() if k != "emit_full_log_probs"}}
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -263,6 +258,13 @@ def named_checkpoint(key: str, value: str) -> Path:
         what = "is not a regular file" if os.path.lexists(path) else "does not exist"
         raise ConfigError(f"{key}={value!r} {what}; give a checkpoint_*.pt file or a run folder")
     return path
+
+
+def run_folder_of(path: Path) -> Path:
+    """The run folder of a checkpoint or policy file, the way back from ``named_checkpoint``: the folder above its
+    checkpoints/ folder, else its own folder (a file outside a run folder: where its run's files would be)."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

@@ -14,8 +14,9 @@ not their math. Captured once, each replays as one launch. What makes that sound
 - the graph's outputs are its own static memory, overwritten by the next replay: the rollout and the learner read
   (store, sum, copy) them before the next call and keep nothing else, so nothing is cloned after a replay.
 
-Host values of a captured function are constants of its graph: the learner refuses graphs for losses whose
-coefficients follow a schedule (``Learner``), and the env's step counter is passed to ``prepare_rollout``.
+Host values of a captured function are constants of its graph: a graphed update refuses losses whose coefficients
+follow a schedule (``graphed_update.check_graphable``), and the env's step counter is passed to ``prepare_rollout``.
+Which functions are captured is the ``Execution``'s choice (``execution.py``).
 """
 
 from collections.abc import Callable

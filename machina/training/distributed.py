@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from machina import checks
 from machina.errors import ConfigError, TrainingStopped
-from machina.startup.system import resolve_device
 
 # Seconds a rank waits for its peers in init or in a collective before failing: the guard against a peer that hangs.
 # A peer that dies is caught sooner: torchrun stops the whole job as soon as one rank exits with an error.
@@ -38,7 +38,7 @@ def process_group(device_name: str) -> Iterator[None]:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         yield
         return
-    cuda = resolve_device(device_name).type == "cuda"
+    cuda = checks.device("system.device", device_name).type == "cuda"
     if cuda:
         torch.cuda.set_device(local_rank())  # nccl's object collectives use the current device
     timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))

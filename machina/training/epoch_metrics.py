@@ -5,7 +5,6 @@ import math
 
 import torch
 
-from machina import keys
 from machina.training.experience import Experience
 
 
@@ -20,12 +19,8 @@ def episode_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def buffer_metrics(experience: Experience) -> dict[str, torch.Tensor]:
-    buffer = experience.buffer
-    out = {}
-    for key in (keys.REWARDS, keys.VALUES, keys.RATIO):
-        if key in buffer.keys():
-            out[f"experience/{key}_mean"] = buffer[key].float().mean()
-    return out
+    """The experience's own statistics (``Experience.metrics``): 0-d device tensors, averaged over the ranks."""
+    return experience.metrics()
 
 
 def summarize(history: list[dict[str, float]]) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The experience buffer: one preallocated TensorDict ``[segments, bptt_horizon]`` written row-aligned.
+"""The experience buffer: one preallocated TensorDict ``[segments, bptt_horizon]`` written row-aligned, and the verbs
+the rollout and the learner use on it (neither reads its tensors directly).
 
 Every agent steps at once (the env is batched), so all agents share one write position. A rollout is made of
 ``passes = segments / num_agents`` passes; pass ``p`` writes rows ``[p * N, (p + 1) * N)``, agent ``i`` owning row
@@ -6,18 +7,22 @@ Every agent steps at once (the env is batched), so all agents share one write po
 write is a slice assignment: no index tensors, no device reads.
 
 The recurrent state at each row's first step is kept in ``row_state`` ``[segments]``, so training starts each BPTT
-segment from the state the rollout had there. Rows ``i, N + i, 2N + i, ...`` are agent i's consecutive segments: the
-advantages run over them as one trajectory (``machina.training.advantage``).
+segment from the state the rollout had there. Rows ``i, N + i, 2N + i, ...`` are agent i's consecutive segments:
+``trajectories`` joins them into one rollout per agent for the advantage maths (``machina.training.advantage``).
+
+The training view (``prepare_training``, once per epoch) is what minibatches are cut from: the buffer itself, or with
+``compact_tokens`` the buffer with token observations cut to the epoch's widest real observation.
 """
 
 import math
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.env.spec import EnvSpec
+from machina.env.spec import PAD_TOKEN, EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
 
@@ -34,6 +39,22 @@ def trajectory_spec(env_spec: EnvSpec) -> Spec:
     return spec
 
 
+class Minibatch(NamedTuple):
+    """One minibatch of B segments, views or gathers of the training view (nothing here is the buffer's memory).
+
+    rows: the buffer rows it holds (a slice, or int64 [B]).
+    stored: the stored steps [B, T] (the policy's training input).
+    data: ``stored`` plus ``ADVANTAGES`` float32 [B, T] and ``PRIO_WEIGHTS`` float32 [B, T] (the sampler's importance
+        weights, ones when it has none): what the losses read; a shallow copy, so losses may add keys.
+    state: the recurrent state at each row's first step [B].
+    """
+
+    rows: torch.Tensor | slice
+    stored: TensorDict
+    data: TensorDict
+    state: TensorDict
+
+
 class Experience:
     """Row-aligned storage of rollout steps, and the sampler that picks the segments of each minibatch.
 
@@ -47,9 +68,11 @@ class Experience:
         minibatch_size: agent steps per minibatch; a multiple of ``bptt_horizon`` that divides ``batch_size``.
         sampler: a factory (``_partial_``) of a sampler (``machina.training.samplers``), called with the buffer's
             ``segments``, ``minibatch_segments`` and ``device``.
+        compact_tokens: train on token observations (``OBS`` uint8 [M, 3]) cut to the epoch's widest real
+            observation (``prepare_training``); ignored for other observations.
         device: where the buffer lives.
 
-    ``last_values`` float32 [N] holds V of the observation each agent's rollout ends on (written by the rollout):
+    ``last_values`` float32 [N] holds V of the observation each agent's rollout ends on (``store_last_values``):
     the bootstrap of every agent's last stored step.
     """
 
@@ -62,6 +85,7 @@ class Experience:
         bptt_horizon: int,
         minibatch_size: int,
         sampler: Callable[..., object],
+        compact_tokens: bool = True,
         device: torch.device | str = "cpu",
     ):
         self.segments, self.minibatch_segments = check_sizes(num_agents, batch_size, bptt_horizon, minibatch_size)
@@ -96,13 +120,28 @@ class Experience:
             self._columns.extend([(key, view.select(1, t)) for key, view in row_views] for t in range(bptt_horizon))
         self._step = 0
 
+        # The training side, built once: the ratio column minibatches write back into, the uniform weights, the
+        # contiguous row blocks of minibatch size, and what token compaction needs.
+        self._ratio = self.buffer[keys.RATIO]
+        self._uniform = torch.ones(self.minibatch_segments, bptt_horizon, device=self.device)
+        self.blocks = tuple(
+            slice(first, first + self.minibatch_segments) for first in range(0, self.segments, self.minibatch_segments)
+        )
+        obs_shape, obs_dtype = spec.get(keys.OBS, ((), None))
+        self.compact_tokens = bool(compact_tokens) and obs_dtype == torch.uint8 and len(obs_shape) == 2
+        # The dimensions of stored keys whose size changes between epochs (a compiled consumer marks them dynamic).
+        self.varying_dims = {keys.OBS: 2} if self.compact_tokens else {}
+        self._slot_number = torch.arange(1, obs_shape[0] + 1, device=self.device) if self.compact_tokens else None
+        self._token_width: torch.Tensor | None = None
+        self._training = self.buffer
+
     @property
     def full(self) -> bool:
         return self._step == len(self._columns)
 
     def reset_for_rollout(self) -> None:
         self._step = 0
-        self.buffer[keys.RATIO].fill_(1.0)
+        self._ratio.fill_(1.0)
 
     def store(self, step: Mapping[str, torch.Tensor], state: TensorDict) -> None:
         """Write one env step for all agents.
@@ -118,6 +157,101 @@ class Experience:
         for key, column in self._columns[self._step]:
             column.copy_(step[key])
         self._step += 1
+
+    def store_last_values(self, values: torch.Tensor) -> None:
+        """Record float32 [N]: V of the observation each agent's rollout ends on (its last step's bootstrap)."""
+        self.last_values.copy_(values)
+
+    def stores(self, key: str) -> bool:
+        return key in self.buffer.keys()
+
+    def rows(self, key: str) -> torch.Tensor:
+        """The stored ``key`` in the buffer's row layout [S, T, ...] (the buffer's memory: read, do not write)."""
+        return self.buffer[key]
+
+    def trajectories(self, key: str) -> torch.Tensor:
+        """The stored ``key`` [S, T] as each agent's whole rollout in time order, [N, L] with L = S / N * T (a copy)."""
+        return agent_major(self.buffer[key], self.num_agents)
+
+    def to_rows(self, trajectories: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``trajectories``: [N, L] back to the buffer's row layout [S, T]."""
+        return segment_major(trajectories, self.segments)
+
+    def prepare_training(self) -> None:
+        """Build the epoch's training view, what minibatches are cut from: the buffer, or with ``compact_tokens`` the
+        buffer with ``OBS`` uint8 [S, T, M, 3] as a view cut to [S, T, W, 3], W the last token slot that is real in
+        any stored observation (every observation's later slots are padding). Its one host read is W."""
+        if not self.compact_tokens:
+            self._training = self.buffer
+            return
+        obs = self.buffer[keys.OBS]
+        real_anywhere = (obs[..., 1] != PAD_TOKEN).flatten(0, -2).any(0)  # [M]
+        self._token_width = (real_anywhere * self._slot_number).max().clamp(min=1)
+        width = int(self._token_width)  # the epoch's one host read
+        view = self.buffer.exclude(keys.OBS)
+        view[keys.OBS] = obs[..., :width, :]
+        self._training = view
+
+    def prepare_minibatches(self, advantages: torch.Tensor, fraction: float) -> None:
+        """Start an update pass: the sampler sees the pass's advantages [S, T] and the fraction of training done."""
+        self.sampler.prepare(advantages, fraction)
+
+    def minibatch(self, i: int, advantages: torch.Tensor) -> Minibatch:
+        """The pass's ``i``-th minibatch, as the sampler draws it, with its importance weights and ``advantages``'
+        rows. No host read; gathers only where the sampler's rows are an index tensor."""
+        rows, weights = self.sampler.minibatch(i)
+        return self._minibatch(rows, self._uniform if weights is None else weights.expand_as(self._uniform), advantages)
+
+    def first_minibatch(self, advantages: torch.Tensor) -> Minibatch:
+        """The first ``minibatch_segments`` rows with uniform weights, whatever the sampler (checks, not training)."""
+        return self._minibatch(self.blocks[0], self._uniform, advantages)
+
+    def _minibatch(self, rows: torch.Tensor | slice, weights: torch.Tensor, advantages: torch.Tensor) -> Minibatch:
+        stored = self._training[rows]
+        data = stored.copy()  # shallow: losses may add keys without touching the buffer
+        data[keys.ADVANTAGES] = advantages[rows]
+        data[keys.PRIO_WEIGHTS] = weights
+        return Minibatch(rows, stored, data, self.row_state[rows])
+
+    def segments_at(self, rows: slice) -> tuple[TensorDict, TensorDict]:
+        """(stored steps [B, T] of the training view, recurrent state [B] at their rows' starts) for ``rows``
+        (one of ``blocks``): views, no copy."""
+        return self._training[rows], self.row_state[rows]
+
+    def record_ratios(self, rows: torch.Tensor | slice, stored: TensorDict, log_prob: torch.Tensor) -> None:
+        """Write ``RATIO`` = pi(a|x) / mu(a|x) = exp(``log_prob`` - stored ``ACT_LOG_PROB``) into the buffer's own
+        ``rows`` (not a copy): ``log_prob`` float32 [B, T] of the current policy, ``stored`` those rows' steps. A
+        slice of rows is written in place without a temporary."""
+        if isinstance(rows, slice):
+            torch.sub(log_prob, stored[keys.ACT_LOG_PROB], out=self._ratio[rows]).exp_()
+        else:
+            self._ratio[rows] = (log_prob - stored[keys.ACT_LOG_PROB]).exp()
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """The buffer's statistics as 0-d device tensors: ``experience/<key>_mean`` of the rewards, values and ratios
+        (the ratios of the last update pass) and, with ``compact_tokens``, ``experience/token_width``."""
+        out = {}
+        for key in (keys.REWARDS, keys.VALUES, keys.RATIO):
+            if self.stores(key):
+                out[f"experience/{key}_mean"] = self.buffer[key].float().mean()
+        if self._token_width is not None:
+            out["experience/token_width"] = self._token_width.float()
+        return out
+
+
+def agent_major(x: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """Buffer rows [S, T] -> [N, L] with L = S / N * T: row ``p * N + i`` is agent i's p-th segment, so agent i's
+    rollout is its segments in pass order."""
+    segments, horizon = x.shape
+    passes = segments // num_agents
+    return x.view(passes, num_agents, horizon).transpose(0, 1).reshape(num_agents, passes * horizon)
+
+
+def segment_major(x: torch.Tensor, segments: int) -> torch.Tensor:
+    """The inverse of ``agent_major`` for [N, L]: back to buffer rows [S, T]."""
+    num_agents, length = x.shape
+    passes = segments // num_agents
+    return x.view(num_agents, passes, length // passes).transpose(0, 1).reshape(segments, length // passes)
 
 
 def check_fits(spec: Spec, state_spec: Spec, segments: int, bptt_horizon: int, device: torch.device | str) -> None:

@@ -1,5 +1,5 @@
 """The learner's minibatch update replayed from CUDA graphs (``system.cuda_graphs=true``), one per shape of the
-stored observations (``learner.compact_tokens`` cuts them to each epoch's widest real observation, so a run sees a
+stored observations (``experience.compact_tokens`` cuts them to each epoch's widest real observation, so a run sees a
 handful of widths).
 
 Each minibatch is copied into the static inputs of its width's graph, which replays the whole update: forward,

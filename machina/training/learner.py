@@ -1,14 +1,12 @@
 """The training phase: ``update_epochs`` passes of minibatches over the full buffer.
 
-Per update epoch: advantages over every agent's whole rollout (V-trace ratios of the current policy, see
-``update``), then the sampler's minibatches. Per minibatch: one policy forward shared by all losses, the sum of
-their ``loss_*`` terms, backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``; with ``compile``
-(``system.compile``) that whole update is one ``torch.compile``d function, and with ``graph``
-(``system.cuda_graphs``) one CUDA graph per token width, replayed on a static copy of each minibatch
-(``cuda_graph.py``); both are timed as ``train.update``. Metrics stay on the device and are summed; the trainer
-reads them once per epoch. Under torchrun the forward goes through DDP (``machina.training.distributed.wrap``), which
-averages
-the gradients over the ranks during backward.
+Per update epoch: the advantage estimator's advantages (``learner.advantage``; V-trace ratios of the current policy,
+see ``update``), then the experience's minibatches. Per minibatch: one policy forward shared by all losses, the sum
+of their ``loss_*`` terms, backward, grad-norm clip, optimizer step, ``zero_grad(set_to_none=True)``. How that update
+runs (eager, one ``torch.compile``d function, or a CUDA graph per token width) is the ``Execution``'s choice; compiled
+or graphed it is timed as ``train.update``. Metrics stay on the device and are summed; the trainer reads them once
+per epoch. Under torchrun the forward goes through DDP (``machina.training.distributed.wrap``), which averages the
+gradients over the ranks during backward.
 """
 
 import math
@@ -18,8 +16,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from machina import keys
-from machina.env.spec import PAD_TOKEN
+from machina import checks, keys
 from machina.errors import ConfigError
 from machina.files import saved_state
 from machina.files.saved_state import within
@@ -28,9 +25,8 @@ from machina.losses.base import Loss
 from machina.policy.inputs import training_input
 from machina.progress import Progress
 from machina.training import distributed
-from machina.training.advantage import agent_major, compute_advantages, segment_major
+from machina.training.execution import Execution
 from machina.training.experience import Experience
-from machina.training.graphed_update import GraphedUpdate
 
 # Optimizer state entries that are never negative (step counts, second moments): a negative one makes NaN weights.
 NONNEGATIVE = ("step", "exp_avg_sq", "max_exp_avg_sq")
@@ -41,18 +37,14 @@ class Learner:
 
     Args:
         policy, losses, experience, optimizer, stopwatch: the parts it drives (injected).
+        lr_schedule: multiplier of each parameter group's configured learning rate, from the fraction of training
+            done (``machina.schedules``); set once per epoch.
+        advantage: the advantage estimator (``machina.training.advantage``): experience -> float32 [S, T].
+        execution: how the minibatch update runs (``machina.training.execution``); eager by default.
         update_epochs: passes over the buffer per epoch.
         max_grad_norm: global gradient-norm clip.
-        gamma, gae_lambda, vtrace_rho_clip, vtrace_c_clip: advantage settings (see ``compute_advantages``).
-        lr_schedule: multiplier of each parameter group's configured learning rate, from the fraction of training
-            done (``machina.training.lr_schedules``); set once per epoch.
         target_kl: stop the epoch's remaining update passes once a pass's mean ``approx_kl`` (PPO's metric)
             exceeds it (CleanRL's ``target_kl``); costs one host read per update pass. None: never.
-        compact_tokens: train on token observations cut to the epoch's widest real observation (``prepare``).
-        compile: ``torch.compile`` the whole minibatch update.
-        graph: a factory of CUDA-graph captures (``cuda_graph.CudaGraph`` bound to the device), or None. A graph
-            runs the optimizer with ``capturable=True`` and the learning rate in a device tensor; it refuses
-            losses whose coefficients follow a schedule (a captured host value is a constant) and torchrun.
     """
 
     def __init__(
@@ -63,58 +55,33 @@ class Learner:
         optimizer: torch.optim.Optimizer,
         stopwatch: Stopwatch,
         lr_schedule: Callable[[float], float],
+        advantage: Callable[[Experience], torch.Tensor],
+        execution: Execution | None = None,
         update_epochs: int = 1,
         max_grad_norm: float = 0.5,
-        gamma: float = 0.99,
-        gae_lambda: float = 0.95,
-        vtrace_rho_clip: float = 1.0,
-        vtrace_c_clip: float = 1.0,
         target_kl: float | None = None,
-        compact_tokens: bool = True,
-        compile: bool = False,
-        graph: Callable[[], object] | None = None,
     ):
         if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
             raise ConfigError(f"learner.update_epochs must be an integer >= 1, got {update_epochs!r}")
-        check_range("max_grad_norm", max_grad_norm, 0, math.inf)
-        check_range("gamma", gamma, 0, 1)
-        check_range("gae_lambda", gae_lambda, 0, 1)
-        check_range("vtrace_rho_clip", vtrace_rho_clip, 0, math.inf)
-        check_range("vtrace_c_clip", vtrace_c_clip, 0, math.inf)
+        checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
         if target_kl is not None:
-            check_range("target_kl", target_kl, 0, math.inf)
+            checks.number("learner.target_kl", target_kl, 0, math.inf)
         if not losses:
             raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
         self.model = distributed.wrap(policy)  # the policy itself in a single process
-        self.stopwatch = stopwatch
-        self.update_epochs, self.max_grad_norm = update_epochs, max_grad_norm
-        self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.rho_bar, self.c_bar = vtrace_rho_clip, vtrace_c_clip
-        self.lr_schedule, self.target_kl = lr_schedule, target_kl
-        obs_shape = experience.buffer[keys.OBS].shape[2:]
-        self.compact_tokens = (
-            compact_tokens and experience.buffer[keys.OBS].dtype == torch.uint8 and len(obs_shape) == 2
-        )
-        self._slot_number = torch.arange(1, obs_shape[0] + 1, device=experience.device)
+        self.stopwatch, self.lr_schedule, self.advantage = stopwatch, lr_schedule, advantage
+        self.execution = execution or Execution()
+        self.update_epochs, self.max_grad_norm, self.target_kl = update_epochs, max_grad_norm, target_kl
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
-        seg, horizon = experience.minibatch_segments, experience.bptt_horizon
-        self._ones = torch.ones(seg, horizon, device=experience.device)
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
-        self.source = experience.buffer  # what the minibatches are drawn from (prepare)
         self.trained_at: Progress | None = None  # the schedule of the last update (loss_check)
-        if compile or graph is not None:
-            # The scheduled learning rate lives in a tensor the compiled or captured optimizer step reads: a Python
-            # float would be a constant of its graph (recompiled every epoch, or frozen in a CUDA graph).
-            for group in optimizer.param_groups:
-                group["lr"] = torch.tensor(float(group["lr"]), device=experience.device)
-        self.compiled_update = torch.compile(self._update) if compile else None
-        self.graphed = None
-        if graph is not None:  # replays the compiled update when both are on
-            update, single_process = self.compiled_update or self._update, self.model is self.policy
-            self.graphed = GraphedUpdate(update, policy, optimizer, losses, single_process, graph)
+        # The compiled or graphed whole update (None: eager, each phase timed apart).
+        self.whole_update = self.execution.update(
+            self._update, policy, optimizer, losses, single_process=self.model is self.policy
+        )
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}
@@ -138,15 +105,11 @@ class Learner:
         if self.trained_at is None:
             return {}
         exp = self.experience
-        rows = torch.arange(exp.minibatch_segments, device=exp.device)
         devices = [exp.device] if exp.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            stored = self.source[rows]
-            minibatch = stored.copy()
-            minibatch[keys.ADVANTAGES] = self._advantages(exp.buffer)[rows]
-            minibatch[keys.PRIO_WEIGHTS] = self._ones
-            policy_out = self.policy(training_input(stored, exp.row_state[rows]))
-            _, _, metrics, _ = self._losses(minibatch, policy_out, self.trained_at)
+            batch = exp.first_minibatch(self.advantage(exp))
+            policy_out = self.policy(training_input(batch.stored, batch.state))
+            _, _, metrics, _ = self._losses(batch.data, policy_out, self.trained_at)
         terms = {name: value for name, value in metrics.items() if "/loss_" in name}
         return dict(zip(terms, torch.stack(list(terms.values())).float().tolist(), strict=True))
 
@@ -156,13 +119,12 @@ class Learner:
         self.update(progress)
 
     def prepare(self) -> None:
-        """The epoch's work before its minibatches, and its only host read (with ``compact_tokens``): the buffer the
-        minibatches are drawn from."""
-        buffer = self.experience.buffer
-        self.source = self._compacted(buffer) if self.compact_tokens else buffer
+        """The epoch's work before its minibatches: the experience's training view (with ``compact_tokens``, the
+        epoch's only host read)."""
+        self.experience.prepare_training()
 
     def update(self, progress: Progress) -> None:
-        """``update_epochs`` passes of minibatches over ``prepare``'s buffer; no host read (but ``target_kl``'s).
+        """``update_epochs`` passes of minibatches over ``prepare``'s view; no host read (but ``target_kl``'s).
 
         V-trace (Espeholt et al. 2018) clips rho_t = pi(a_t|x_t) / mu(a_t|x_t) with pi the policy being trained, so
         each pass's advantages use the ratios of the policy as it stands when that pass starts:
@@ -174,11 +136,10 @@ class Learner:
           The ratios the minibatches record while they train are not enough: minibatch j's are those of the policy
           after j - 1 steps of that pass, stale by up to a whole pass for the rows trained early in it.
 
-        Each minibatch still writes its ratio into ``RATIO`` (the policy before its own step), which is what the
+        Each minibatch still records its ratio into ``RATIO`` (the policy before its own step), which is what the
         buffer holds after the last pass (``experience/ratio_mean`` and ``loss_check`` read it).
         """
         exp, sw = self.experience, self.stopwatch
-        buffer, source = exp.buffer, self.source
         self.trained_at = progress
         multiplier = self.lr_schedule(progress.fraction)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
@@ -191,39 +152,32 @@ class Learner:
         for update in range(self.update_epochs):
             if update > 0:
                 with sw.time("train.ratio"):
-                    self._refresh_ratios(source)
+                    self._refresh_ratios()
             with sw.time("train.advantage"):
-                advantages = self._advantages(buffer)
+                advantages = self.advantage(exp)
                 if update == 0:
-                    self.once["experience/explained_variance"] = explained_variance(
-                        buffer[keys.VALUES], advantages + buffer[keys.VALUES]
-                    )
-                exp.sampler.prepare(advantages, progress.fraction)
+                    values = exp.rows(keys.VALUES)
+                    self.once["experience/explained_variance"] = explained_variance(values, advantages + values)
+                exp.prepare_minibatches(advantages, progress.fraction)
             kl_sum = torch.zeros((), device=exp.device)
             for mb_index in range(exp.num_minibatches):
                 with sw.time("train.sample"):
-                    idx, weights = exp.sampler.minibatch(mb_index)
-                    stored = source[idx]
-                    minibatch = stored.copy()  # shallow: losses may add keys without touching the buffer
-                    minibatch[keys.ADVANTAGES] = advantages[idx]
-                    minibatch[keys.PRIO_WEIGHTS] = self._ones if weights is None else weights.expand_as(self._ones)
-                    state = exp.row_state[idx]
-                if self.graphed is not None:
+                    batch = exp.minibatch(mb_index, advantages)
+                if self.whole_update is not None:
+                    self.execution.mark_dynamic(batch.stored, exp.varying_dims)
                     with sw.time("train.update"):
-                        new_log_prob, kl, metrics, host = self.graphed(stored, minibatch, state, progress)
-                elif self.compiled_update is not None:
-                    if self.compact_tokens:  # the width changes between epochs: compile it as a symbol, once
-                        torch._dynamo.maybe_mark_dynamic(stored[keys.OBS], 2)
-                    with sw.time("train.update"):
-                        new_log_prob, kl, metrics, host = self.compiled_update(stored, minibatch, state, progress)
+                        new_log_prob, kl, metrics, host = self.whole_update(
+                            batch.stored, batch.data, batch.state, progress
+                        )
                 else:
-                    new_log_prob, kl, metrics, host = self._update_timed(stored, minibatch, state, progress)
+                    new_log_prob, kl, metrics, host = self._update_timed(
+                        batch.stored, batch.data, batch.state, progress
+                    )
                 for name, value in metrics.items():
                     self._add(name, value)
                 self.once.update(host)
                 kl_sum += kl
-                # Written into the buffer itself (not a copy): what it holds after the last pass (metrics).
-                buffer[keys.RATIO][idx] = (new_log_prob - stored[keys.ACT_LOG_PROB]).exp()
+                exp.record_ratios(batch.rows, batch.stored, new_log_prob)
                 self.minibatches += 1
             passes += 1
             if self.target_kl is not None and float(kl_sum) / exp.num_minibatches > self.target_kl:
@@ -231,34 +185,20 @@ class Learner:
         self.once["train/update_passes"] = float(passes)
 
     @torch.no_grad()
-    def _refresh_ratios(self, source: TensorDict) -> None:
+    def _refresh_ratios(self) -> None:
         """Rewrite the buffer's ``RATIO`` in place as pi(a|x) / mu(a|x) of the current policy, mu the stored
-        ``ACT_LOG_PROB``: a no-grad forward of ``source`` (the buffer, maybe compacted) in contiguous blocks of
+        ``ACT_LOG_PROB``: a no-grad forward of the training view in its contiguous ``blocks`` of
         ``minibatch_segments`` rows (each with its stored row state, as a minibatch sees it; the minibatch's
         shapes). Through the policy itself, not its DDP wrapper (no buffer sync, no gradient); no host read, and the
-        ratios are written into the buffer's own rows (views), so nothing is allocated beyond the forward. With
+        ratios are written into the buffer's own rows, so nothing is allocated beyond the forward. With
         ``system.compile`` the policy is compiled in place: this no-grad forward is one more graph, compiled once
         (the token width marked dynamic as in the update)."""
         exp = self.experience
-        ratio, behaviour = exp.buffer[keys.RATIO], exp.buffer[keys.ACT_LOG_PROB]
-        step = exp.minibatch_segments
-        for first in range(0, exp.segments, step):
-            rows = slice(first, first + step)
-            stored = source[rows]
-            if self.compiled_update is not None and self.compact_tokens:  # the compiled policy: width as a symbol
-                torch._dynamo.maybe_mark_dynamic(stored[keys.OBS], 2)
-            out = self.policy(training_input(stored, exp.row_state[rows]))
-            torch.sub(out[keys.ACT_LOG_PROB], behaviour[rows], out=ratio[rows]).exp_()
-
-    def _compacted(self, buffer: TensorDict) -> TensorDict:
-        """The buffer with ``OBS`` uint8 [S, T, M, 3] as a view cut to [S, T, W, 3], W the last token slot that is
-        real in any stored observation (every observation's later slots are padding)."""
-        real_anywhere = (buffer[keys.OBS][..., 1] != PAD_TOKEN).flatten(0, -2).any(0)  # [M]
-        width = max(int((real_anywhere * self._slot_number).max()), 1)  # the epoch's one host read
-        self.once["experience/token_width"] = float(width)
-        source = buffer.exclude(keys.OBS)
-        source[keys.OBS] = buffer[keys.OBS][..., :width, :]
-        return source
+        for rows in exp.blocks:
+            stored, state = exp.segments_at(rows)
+            self.execution.mark_dynamic(stored, exp.varying_dims)
+            out = self.policy(training_input(stored, state))
+            exp.record_ratios(rows, stored, out[keys.ACT_LOG_PROB])
 
     def _update_timed(self, stored: TensorDict, minibatch: TensorDict, state: TensorDict, progress: Progress):
         """One minibatch's update, eager, with its phases timed apart; returns what ``_update`` does."""
@@ -295,30 +235,6 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
-
-    def _advantages(self, buffer: TensorDict) -> torch.Tensor:
-        """float32 [S, T]: advantages over each agent's whole rollout, in the buffer's segment layout."""
-        n, segments = self.experience.num_agents, self.experience.segments
-
-        def trajectories(key: str) -> torch.Tensor:
-            return agent_major(buffer[key], n)
-
-        final = trajectories(keys.FINAL_VALUES) if keys.FINAL_VALUES in buffer.keys() else None
-        values = trajectories(keys.VALUES)
-        advantages = compute_advantages(
-            values,
-            trajectories(keys.REWARDS),
-            trajectories(keys.TERMINATED),
-            trajectories(keys.TRUNCATED),
-            torch.zeros_like(values) if final is None else final,
-            self.experience.last_values,
-            trajectories(keys.RATIO),
-            self.gamma,
-            self.gae_lambda,
-            self.rho_bar,
-            self.c_bar,
-        )
-        return segment_major(advantages, segments)
 
     def _losses(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress):
         """One minibatch's summed ``loss_*`` terms, summed ``approx_kl`` metrics (for target_kl), device metrics
@@ -404,9 +320,3 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Ten
     critic, 0 no better than a constant, negative worse. A 0-d device tensor (NaN when the returns are constant)."""
     total_var = returns.var()
     return torch.where(total_var > 0, 1.0 - (returns - values).var() / total_var, float("nan"))
-
-
-def check_range(name: str, value: float, low: float, high: float) -> None:
-    """``learner.<name>`` must be a number in [low, high] (NaN is in no range)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(f"learner.{name}={value!r} must be a number in [{low}, {high}]; fix learner.{name}")

@@ -1,5 +1,6 @@
 """Evaluation during training: metrics on held-out layouts every ``trainer.eval_interval`` epochs, and a replay GIF
-every ``trainer.replay_interval`` epochs (saved in the run folder and logged to W&B as media).
+every ``trainer.replay_interval`` epochs (saved in the run folder; the trainer hands it to its sinks as media).
+How it plays is the ``evaluation`` node's (``conf/evaluation/default.yaml``, read by ``machina.run``).
 
 It runs on its own envs under a forked RNG (``machina.evaluation``), so training is the same with or without it;
 the trainer times it apart from the epoch, so it costs the run its own time and no training SPS. Under torchrun
@@ -24,11 +25,10 @@ class PeriodicEval:
     """Args:
     evaluator: plays full episodes on fixed, held-out layouts (seeded apart from training).
     replay_dir: where ``replay_<epoch>.gif`` files go.
-    wandb: the run's W&B sink (or None); replays are logged to it as videos.
     """
 
-    def __init__(self, evaluator: Evaluator, replay_dir: Path, wandb=None):
-        self.evaluator, self.replay_dir, self.wandb = evaluator, Path(replay_dir), wandb
+    def __init__(self, evaluator: Evaluator, replay_dir: Path):
+        self.evaluator, self.replay_dir = evaluator, Path(replay_dir)
 
     def evaluate(self, policy: nn.Module) -> dict[str, float]:
         """``eval/*`` metrics of the policy (see ``Evaluator.evaluate``), over every rank's episodes on rank 0 (and
@@ -36,16 +36,15 @@ class PeriodicEval:
         rows = distributed.gather_to_main(self.evaluator.evaluate(policy))
         return combine(rows) if rows is not None else {}
 
-    def replay(self, policy: nn.Module, epoch: int, agent_step: int) -> Path | None:
-        """Record one full episode of the policy as ``replay_<epoch>.gif`` and log it to W&B (rank 0 only)."""
+    def replay(self, policy: nn.Module, epoch: int) -> Path | None:
+        """Record one full episode of the policy as ``replay_<epoch>.gif``; its path on rank 0, None on the others
+        (which record nothing)."""
         if distributed.rank() != 0:
             return None
         frames = self.evaluator.episode_frames(policy)
         self.replay_dir.mkdir(parents=True, exist_ok=True)
         path = self.replay_dir / f"replay_{epoch:06d}.gif"
         save_gif(frames, path)
-        if self.wandb is not None:
-            self.wandb.log_video("eval/replay", path, agent_step)
         log.info("replay of epoch %d: %s", epoch, path)
         return path
 

@@ -10,7 +10,7 @@ agent's last stored step. Nothing here reads a device value on the host.
 
 The live step is allocated once and written in place, so a step reads and writes fixed addresses: with a graph
 (``system.cuda_graphs``) the policy forward and the env step replay as one CUDA graph when no loss acts between
-them, else the forward alone does (``cuda_graph.py``).
+them, else the forward alone does (``cuda_graph.py``); the ``Execution`` decides whether to compile or capture.
 """
 
 from collections.abc import Callable
@@ -27,13 +27,12 @@ from machina.files.snapshot import pack
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.progress import Progress
-from machina.training.cuda_graph import CapturedCall
+from machina.training.execution import Execution
 from machina.training.experience import Experience
 
 # What every stored step takes from the env's output for the action it executed.
 OUTCOME_KEYS = (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED)
-# Policy outputs the loss hooks read at rollout even when the buffer does not store them.
-HOOK_INPUTS = frozenset({keys.FULL_LOG_PROBS})
+ROLLOUT_HOOKS = ("on_rollout_step", "on_env_step")  # the loss hooks that see each step
 ENV = "env"  # the env's result, nested in the outputs of a captured whole step
 
 
@@ -45,9 +44,7 @@ class Rollout:
         policy: the component policy; ``policy.act`` runs on batch [N].
         losses: enabled losses, in order; their rollout hooks run around the env step.
         experience: the buffer to fill.
-        compile: ``torch.compile`` the policy's rollout step (``system.compile``).
-        graph: a factory of graph captures (``cuda_graph.CudaGraph`` bound to the device: ``system.cuda_graphs``),
-            or None to run every step eagerly.
+        execution: eager, compiled (the policy's rollout step) or graphed (``machina.training.execution``).
     """
 
     def __init__(
@@ -57,9 +54,9 @@ class Rollout:
         losses: dict[str, Loss],
         experience: Experience,
         stopwatch: Stopwatch,
-        compile: bool = False,
-        graph: Callable[[], object] | None = None,
+        execution: Execution | None = None,
     ):
+        execution = execution or Execution()
         self.env, self.policy, self.losses, self.experience, self.stopwatch = env, policy, losses, experience, stopwatch
         self.device = experience.device
         self.num_agents = env.spec.num_agents
@@ -73,19 +70,22 @@ class Rollout:
         self.inputs = dict(self.live.items())
         self.observed = {key: value for key, value in self.inputs.items() if key not in self.state_keys}
         self.sources = [(value, keys.NEXT_STATE.get(key, key)) for key, value in self.inputs.items()]
-        # Policy outputs that rollout hooks and the buffer may read: those the policy writes per step.
-        self.policy_keys = tuple(k for k in policy.output_keys() if k in experience.step_keys or k in HOOK_INPUTS)
-        self.keep = (*self.policy_keys, *(keys.NEXT_STATE[k] for k in self.state_keys))
-        self.act = torch.compile(policy.act) if compile else policy.act
         hooks_between = any(overrides(loss, "on_rollout_step") for loss in losses.values())
+        hooked = [loss for loss in losses.values() if any(overrides(loss, hook) for hook in ROLLOUT_HOOKS)]
         # Losses see each step as a TensorDict; without step hooks the buffer reads a plain dict, a third the cost.
-        self.hooked = hooks_between or any(overrides(loss, "on_env_step") for loss in losses.values())
+        self.hooked = bool(hooked)
+        # Policy outputs that rollout hooks and the buffer may read: those the policy writes per step that the buffer
+        # stores or a hooked loss consumes (its class's ``consumes``, the one list of what a loss reads).
+        consumed = frozenset().union(*(type(loss).consumes for loss in hooked))
+        self.policy_keys = tuple(k for k in policy.output_keys() if k in experience.step_keys or k in consumed)
+        self.keep = (*self.policy_keys, *(keys.NEXT_STATE[k] for k in self.state_keys))
+        self.act = execution.function(policy.act)
         self.whole_step = self.forward = None  # captured calls, when graphed
-        if graph is not None:
+        if execution.graphs:
             if env.capturable and not hooks_between:
-                self.whole_step = CapturedCall(self._act_and_step, self.inputs, graph(), self._env_snapshot)
+                self.whole_step = execution.capture(self._act_and_step, self.inputs, self._env_snapshot)
             else:
-                self.forward = CapturedCall(self._act, self.inputs, graph(), lambda: lambda: None)
+                self.forward = execution.capture(self._act, self.inputs, lambda: lambda: None)
 
     @property
     def step_td(self) -> TensorDict:
@@ -174,7 +174,7 @@ class Rollout:
                 self._advance(result, out)
             steps += self.num_agents
         with sw.time("rollout.inference"):
-            exp.last_values.copy_(self.act(dict(self.inputs))[keys.VALUES])
+            exp.store_last_values(self.act(dict(self.inputs))[keys.VALUES])
         return steps
 
     def _act(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,13 +4,14 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.files.saved_state import within
+from machina.logging.sink import Sink
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.progress import Progress
@@ -48,8 +49,10 @@ class Trainer:
         checkpoint_interval: epochs between checkpoints; 0 checkpoints only at the end (and on a stop signal).
         keep_checkpoints: how many training checkpoints to keep (policy files are all kept).
         eval_interval: epochs between evaluations on held-out layouts (``eval/*`` metrics); 0 turns them off.
-        replay_interval: epochs between replay GIFs in the run folder (and W&B); 0 turns them off.
-        sinks: objects with ``log(dict)``, ``close()``; ``machina.run`` sets them once a resume is accepted.
+        replay_interval: epochs between replay GIFs in the run folder (and every sink's ``log_media``); 0 turns
+            them off.
+        sinks: where each epoch's metrics go (``machina.logging.sink``): ``machina.run`` hands over the run's
+            ``Sinks``, which it opens once the run is accepted; iterated at every epoch.
         checkpointer: a ``Checkpointer``; None writes no checkpoints (tests, benchmarks).
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
         curriculum: env settings scheduled over training (``curriculum.py``); empty: the env as built throughout.
@@ -71,7 +74,7 @@ class Trainer:
         keep_checkpoints: int = 3,
         eval_interval: int = 0,
         replay_interval: int = 0,
-        sinks: list | None = None,
+        sinks: Iterable[Sink] = (),
         checkpointer: Checkpointer | None = None,
         evaluator: PeriodicEval | None = None,
         curriculum: Sequence[Mapping] = (),
@@ -88,7 +91,7 @@ class Trainer:
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
         self.replay_interval, self.evaluator = replay_interval, evaluator
         self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
-        self.sinks = list(sinks or [])
+        self.sinks = sinks
         self.curriculum = Curriculum(curriculum, rollout.env) if curriculum else None
         self.agent_step = 0
         self.epoch = 0
@@ -237,7 +240,10 @@ class Trainer:
         if self.eval_interval and (self.epoch % self.eval_interval == 0 or last):
             metrics.update(self.evaluator.evaluate(self.policy))
         if self.replay_interval and (self.epoch % self.replay_interval == 0 or last):
-            self.evaluator.replay(self.policy, self.epoch, self.agent_step)
+            path = self.evaluator.replay(self.policy, self.epoch)
+            if path is not None:
+                for sink in self.sinks:
+                    sink.log_media("eval/replay", path, self.agent_step)
         if metrics:
             metrics["timing/eval"] = time.perf_counter() - start
         return metrics
