@@ -259,9 +259,9 @@ def test_checkpoint_with_pickled_objects_or_truncated_is_refused(short_run, tmp_
     [
         (["trainer.total_timesteps=abc"], "trainer.total_timesteps='abc' has the wrong type"),
         (["optimizer.lr=fast"], "optimizer.lr='fast' has the wrong type"),
-        (["learner.update_epochs=0"], "learner.update_epochs must be an integer >= 1, got 0"),
-        (["trainer.checkpoint_interval=-1"], "trainer.checkpoint_interval must be an integer >= 0, got -1"),
-        (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints must be an integer >= 1, got 0"),
+        (["learner.update_epochs=0"], "learner.update_epochs=0 must be an integer >= 1"),
+        (["trainer.checkpoint_interval=-1"], "trainer.checkpoint_interval=-1 must be an integer >= 0"),
+        (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0 must be an integer >= 1"),
         (["experience.batch_size=500"], "experience.batch_size=500 must be a multiple of agents x bptt_horizon"),
         (["system.device=tpu"], "system.device='tpu' is not a device"),
         (["env.num_envs=0"], "env.num_envs=0 must be an integer >= 1"),

@@ -207,8 +207,9 @@ def test_the_compiled_rollout_step_acts_as_the_eager_one():
     compiled = Execution(compile=True).function(policy.act)
     assert compiled is not policy.act
     outputs = []
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(inductor, "fallback_random", True)
+    # The config module's own patch: a monkeypatch would delete the entry on undo (it is not in the module's
+    # __dict__), breaking every later compile in the process.
+    with torch.no_grad(), inductor.patch(fallback_random=True):
         for act in (policy.act, compiled):
             torch.manual_seed(0)
             outputs.append(act(inputs.clone()))

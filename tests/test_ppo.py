@@ -180,7 +180,7 @@ def built_minibatch(proportion: float):
     from tests.conftest import compose_config
 
     cfg = compose_config(
-        ["experiment=debug", "losses=[ppo,supervisor]", f"losses.supervisor.teacher_led_proportion={proportion}"]
+        ["debug=tiny", "losses=[ppo,supervisor]", f"losses.supervisor.teacher_led_proportion={proportion}"]
     )
     torch.manual_seed(0)
     parts = build(cfg)

@@ -95,7 +95,7 @@ def test_emission_for_every_one_or_two_losses(selection):
     ],
 )
 def test_buffer_stores_only_what_the_enabled_losses_ask_for(losses, stored, absent):
-    parts = build(compose_config(["experiment=debug", f"losses={losses}"]))
+    parts = build(compose_config(["debug=tiny", f"losses={losses}"]))
     columns = set(parts.experience.buffer.keys())
     assert stored <= columns
     assert not (absent & columns)

@@ -11,7 +11,7 @@ from machina.training.experience import agent_major
 from tests.conftest import compose_config
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 
-TINY = ["experiment=debug", "env.num_envs=8", "env.max_steps=12", "experience.bptt_horizon=8", "wandb=disabled"]
+TINY = ["debug=tiny", "env.num_envs=8", "env.max_steps=12", "experience.bptt_horizon=8", "wandb=disabled"]
 TEACHER_LED = [
     ["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=0.5"],
     ["losses=[sliced_scripted_cloner,ppo]", "losses.sliced_scripted_cloner.teacher_led_proportion=0.4"],

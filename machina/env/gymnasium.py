@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.env.base import Env
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, VectorObsSpec
@@ -82,8 +82,7 @@ class GymnasiumEnv(Env):
             raise ConfigError(f"env=gymnasium needs gymnasium>=1.1 (autoreset modes), found {gym.__version__}")
         if vectorizer not in VECTORIZERS:
             raise ConfigError(f"env.vectorizer={vectorizer!r} must be one of {', '.join(VECTORIZERS)}")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigError(f"env.num_envs={num_envs!r} must be a positive integer")
+        checks.integer("env.num_envs", num_envs, 1)
         self.device = torch.device(device)
         self.num_envs = self.num_agents = num_envs
         self.seed = seed

@@ -1,12 +1,11 @@
 """PPO: clipped surrogate, value loss (optionally clipped) and entropy bonus, as in CleanRL's ``ppo.py``."""
 
-import math
 from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.losses.base import Loss
 from machina.losses.functional import sample_mean
 from machina.progress import Progress
@@ -51,8 +50,8 @@ class PPOLoss(Loss):
     ):
         super().__init__()
         for name, value in (("clip_coef", clip_coef), ("vf_coef", vf_coef), ("vf_clip_coef", vf_clip_coef)):
-            check_coefficient(name, value)
-        check_coefficient("ent_coef", ent_coef)
+            checks.finite(f"losses.ppo.{name}", value, low=0)
+        checks.finite("losses.ppo.ent_coef", ent_coef, low=0)
         self.clip_coef, self.vf_coef, self.vf_clip_coef = clip_coef, vf_coef, vf_clip_coef
         self.ent_coef, self.norm_adv, self.clip_vloss = ent_coef, norm_adv, clip_vloss
 
@@ -100,11 +99,6 @@ class PPOLoss(Loss):
             "clipfrac": clipfrac,
             "value_clipfrac": value_clipfrac,
         }
-
-
-def check_coefficient(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"losses.ppo.{name}={value!r} must be a finite number >= 0")
 
 
 def policy_rows(mask: torch.Tensor | None, teacher_led: torch.Tensor | None) -> torch.Tensor | None:

@@ -5,8 +5,6 @@ import math
 
 import torch
 
-from machina.training.experience import Experience
-
 
 def episode_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per-episode means of the env's summed stats (NaN when no episode ended), plus the episode count."""
@@ -16,11 +14,6 @@ def episode_metrics(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name != "episodes":
             out[f"env/{name}"] = torch.where(episodes > 0, total / episodes.clamp(min=1), float("nan"))
     return out
-
-
-def buffer_metrics(experience: Experience) -> dict[str, torch.Tensor]:
-    """The experience's own statistics (``Experience.metrics``): 0-d device tensors, averaged over the ranks."""
-    return experience.metrics()
 
 
 def summarize(history: list[dict[str, float]]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.env.spec import PAD_TOKEN, EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
@@ -291,8 +291,7 @@ def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_s
         ("experience.minibatch_size", minibatch_size),
         ("env.num_envs * env.agents_per_env", num_agents),
     ):
-        if not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        checks.integer(name, value, 1)
     per_pass = num_agents * bptt_horizon
     if batch_size % per_pass:
         lower = max(per_pass, batch_size // per_pass * per_pass)

@@ -61,8 +61,7 @@ class Learner:
         max_grad_norm: float = 0.5,
         target_kl: float | None = None,
     ):
-        if isinstance(update_epochs, bool) or not isinstance(update_epochs, int) or update_epochs < 1:
-            raise ConfigError(f"learner.update_epochs must be an integer >= 1, got {update_epochs!r}")
+        checks.integer("learner.update_epochs", update_epochs, 1)
         checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
         if target_kl is not None:
             checks.number("learner.target_kl", target_kl, 0, math.inf)

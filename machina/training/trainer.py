@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from machina import checks
 from machina.errors import ConfigError, Interrupted, TrainingStopped
 from machina.files.saved_state import within
 from machina.logging.sink import Sink
@@ -18,7 +19,7 @@ from machina.progress import Progress
 from machina.training import distributed
 from machina.training.checkpoint import Checkpointer
 from machina.training.curriculum import Curriculum
-from machina.training.epoch_metrics import buffer_metrics, episode_metrics, summarize
+from machina.training.epoch_metrics import episode_metrics, summarize
 from machina.training.experience import Experience
 from machina.training.learner import Learner
 from machina.training.periodic_eval import PeriodicEval
@@ -79,13 +80,14 @@ class Trainer:
         evaluator: PeriodicEval | None = None,
         curriculum: Sequence[Mapping] = (),
     ):
-        check_counts(
-            total_timesteps=(total_timesteps, 1),
-            checkpoint_interval=(checkpoint_interval, 0),
-            keep_checkpoints=(keep_checkpoints, 1),
-            eval_interval=(eval_interval, 0),
-            replay_interval=(replay_interval, 0),
-        )
+        for name, value, low in (
+            ("total_timesteps", total_timesteps, 1),
+            ("checkpoint_interval", checkpoint_interval, 0),
+            ("keep_checkpoints", keep_checkpoints, 1),
+            ("eval_interval", eval_interval, 0),
+            ("replay_interval", replay_interval, 0),
+        ):
+            checks.integer(f"trainer.{name}", value, low)
         self.total_timesteps = total_timesteps
         self.rollout, self.learner = rollout, learner
         self.checkpoint_interval, self.eval_interval = checkpoint_interval, eval_interval
@@ -266,7 +268,7 @@ class Trainer:
         # The parameters' finiteness rides along in the same read (checked by ``_check_finite``, not logged).
         finite = torch.stack([p.detach().isfinite().all() for p in self.policy.parameters()]).all()
         means, stats = distributed.reduce_epoch(
-            {**learner_metrics, **buffer_metrics(self.experience), PARAMS_FINITE: finite},
+            {**learner_metrics, **self.experience.metrics(), PARAMS_FINITE: finite},
             self.env.episode_stats(),
         )
         device_metrics = {**means, **episode_metrics(stats)}
@@ -310,11 +312,3 @@ class Trainer:
                 f"not logged or checkpointed and {self._kept()}; lower optimizer.lr, the loss's coefficients or "
                 "learner.max_grad_norm"
             )
-
-
-def check_counts(**settings: tuple[int, int]) -> None:
-    """``name=(value, minimum)``: each ``trainer.<name>`` must be an integer >= minimum (a command-line typo like
-    ``trainer.total_timesteps=abc`` arrives here as a string)."""
-    for name, (value, minimum) in settings.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"trainer.{name} must be an integer >= {minimum}, got {value!r}")
