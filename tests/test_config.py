@@ -74,8 +74,20 @@ def test_disabled_loss_is_not_built():
 
 def test_loss_without_target_is_refused():
     cfg = compose_config(["+losses.custom.coef=1"])
-    with pytest.raises(ConfigError, match="losses.custom has no _target_"):
+    with pytest.raises(ConfigError, match="losses.custom has settings but no _target_"):
         build_losses(cfg.losses)
+
+
+def test_a_preset_tuning_a_loss_that_is_left_out_says_how_to_drop_it():
+    """machina_1_dagger sets the supervisor's schedule; losses=[ppo] leaves the loss out but not its settings."""
+    cfg = compose_config(["experiment=machina_1_dagger", "losses=[ppo]"])
+    with pytest.raises(ConfigError) as refused:
+        build_losses(cfg.losses)
+    message = str(refused.value)
+    assert "'supervisor' is not among the selected losses ['ppo']" in message
+    assert "losses.supervisor.enabled=false" in message and "\n" not in message
+    dropped = compose_config(["experiment=machina_1_dagger", "losses.supervisor.enabled=false"])
+    assert list(build_losses(dropped.losses)) == ["ppo"]
 
 
 @pytest.mark.parametrize("option", options("optimizer"))

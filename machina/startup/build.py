@@ -179,7 +179,14 @@ def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
     losses = {}
     for name, node in losses_cfg.items():
         if "_target_" not in node:
-            raise ConfigError(f"losses.{name} has no _target_; every loss config names its class")
+            # Settings of a loss that is not selected: a preset tuning it (machina_1_dagger's supervisor schedule)
+            # combined with a losses= choice that leaves it out.
+            selected = [key for key, other in losses_cfg.items() if "_target_" in other]
+            raise ConfigError(
+                f"losses.{name} has settings but no _target_: '{name}' is not among the selected losses "
+                f"{selected}; select it (losses=[{','.join([*selected, name])}]), turn it off with "
+                f"losses.{name}.enabled=false, or name its class with +losses.{name}._target_=..."
+            )
         kwargs = {k: v for k, v in node.items() if k != "enabled"}
         if node.get("enabled", True):
             losses[name] = instantiate(kwargs, _convert_="all")
