@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,8 @@ def replay_frames(cfg: DictConfig, evaluator: Evaluator, policy: torch.nn.Module
     if not cfg.replay:
         return None
     try:
-        evaluator.env(num_envs=1).render(0)
+        with closing(evaluator.env(num_envs=1)) as env:
+            env.render(0)
     except NotImplementedError as err:
         raise ConfigError(f"{err}; set replay=false") from None
     return evaluator.episode_frames(policy, cfg.replay_steps, cell=cfg.replay_cell)

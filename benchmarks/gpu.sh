@@ -10,7 +10,8 @@
 # with and without CUDA graphs) and the graph-equals-eager tests, then end-to-end training SPS of policy=fast at
 # three batch sizes (the issue asks for the one that maximises agent-steps/s) and policy=vit, the pairs
 # system.cuda_graphs (rollout step and update as graphs), system.compile, emit_full_log_probs at 157 actions,
-# torch_deterministic and learner.compact_tokens, and the launch-overhead table on the GPU.
+# torch_deterministic and learner.compact_tokens, the launch-overhead table on the GPU, and (with the mettagrid
+# wheels) MettaGrid's env-only and end-to-end agent-steps/s at env.workers 1, 2, 4, 8, 16, overlap off and on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,14 +28,28 @@ fetch)
       -d .whl "$wheel" ||
       python3 -m pip download -q --no-deps -d .whl "$wheel" # pure-Python packages ship as sdists only
   done
-  du -sh .whl
+  # The mettagrid extra with its dependencies, for the MettaGrid block (installed from this folder only). Its wheel
+  # is tagged manylinux_2_34. With every dependency this is about 92 MB (scipy 35, mettagrid 18, botocore 16, numpy
+  # 15), more than a device run carries (64 MiB): numpy and scipy are left out, so the box must have them (a torch
+  # box usually has numpy; without scipy the block is skipped with a message).
+  python3 -m pip download -q --python-version 3.12 --implementation cp --only-binary=:all: \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl/mettagrid mettagrid==0.26.21 ||
+    echo "mettagrid wheels not fetched: the MettaGrid block will be skipped"
+  rm -f .whl/mettagrid/numpy-*.whl .whl/mettagrid/scipy-*.whl
+  du -sh .whl .whl/mettagrid
   ;;
 run)
   out="${OUT:-gpu_results}"
   mkdir -p "$out"
   if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site .whl/*
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site \
+      $(find .whl -maxdepth 1 -type f) # not .whl/mettagrid/
     export PYTHONPATH="/tmp/site:$PWD"
+  fi
+  if [ -d .whl/mettagrid ]; then # after /tmp/site on the path, so machina's pinned versions win
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-mettagrid .whl/mettagrid/*.whl &&
+      export PYTHONPATH="$PYTHONPATH:/tmp/site-mettagrid"
   fi
   export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
@@ -60,6 +75,19 @@ run)
     timeout 300 python3 -m machina.bench overhead --json system.device=cuda system.cuda_graphs=$graphs 2>&1 |
       tee -a "$out/bench.log" | grep '^{' >>"$out/overhead.jsonl" || true
   done
+  # MettaGrid (issue 33): the env alone (random actions; with --overlap, two groups in flight) into mettagrid.jsonl,
+  # then end-to-end training SPS with overlap off and on, per worker count, into bench.jsonl.
+  if python3 -c "from mettagrid.simulator.simulator import Simulation" 2>/dev/null; then
+    timeout 300 python3 -m machina.bench mettagrid --json --workers 0 1 2 4 8 16 --overlap --envs 512 --steps 100 \
+      2>&1 | tee -a "$out/bench.log" | grep '^{' >>"$out/mettagrid.jsonl" || true
+    mettagrid=(system.device=cuda policy=fast env=mettagrid_arena env.num_envs=512 experience.batch_size=131072
+      experience.minibatch_size=16384)
+    for workers in 1 2 4 8 16; do
+      bench --epochs 2 --compare env.overlap=false,true "${mettagrid[@]}" env.workers=$workers
+    done
+  else
+    echo "mettagrid (or its numpy / scipy) is not installed (bash benchmarks/gpu.sh fetch): MettaGrid block skipped" | tee -a "$out/bench.log"
+  fi
   ;;
 *)
   echo "usage: bash benchmarks/gpu.sh fetch|run" >&2

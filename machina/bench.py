@@ -2,6 +2,7 @@
 
     python -m machina.bench [--epochs N] [--compare KEY=A,B] [--json] [HYDRA_OVERRIDE ...]   training (default)
     python -m machina.bench env [--ops] [--num-envs N ...] [--json]                         the built-in env
+    python -m machina.bench mettagrid [--workers 0 1 2] [--overlap] [--envs N] [--json]     MettaGrid env alone
     python -m machina.bench policy [--policies fast vit] [--json]                           policy alone
     python -m machina.bench overhead [--json] [HYDRA_OVERRIDE ...]                          launch overhead
 
@@ -10,9 +11,9 @@
 
 import sys
 
-from machina.speed import env, overhead, policy, training
+from machina.speed import env, mettagrid, overhead, policy, training
 
-MODES = {"env": env.main, "policy": policy.main, "overhead": overhead.main}
+MODES = {"env": env.main, "mettagrid": mettagrid.main, "policy": policy.main, "overhead": overhead.main}
 
 
 def main(argv: list[str] | None = None):

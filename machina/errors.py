@@ -15,3 +15,8 @@ class Interrupted(TrainingStopped):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = int(signum)
+
+
+class EnvFailed(TrainingStopped):
+    """The env's engine failed (a worker process died or stopped answering): the run ends with this message after
+    checkpointing the last finished epoch, so a start with the same run folder resumes."""

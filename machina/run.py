@@ -20,7 +20,7 @@ import logging
 import math
 import secrets
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -77,50 +77,51 @@ def run_locked(
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
     checkpoint = load_checkpoint(resume_from) if resume_from else None
     parts = build(cfg, distributed.rank())
-    env, policy = parts.env, parts.policy
-    # The run's id (the sinks' RunInfo.id: W&B's run id): a resume keeps the checkpoint's, so W&B continues that
-    # run; a new run gets its id here, so its first checkpoint records it.
-    run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
-    checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
-    evaluator = periodic_eval(cfg, parts, run_dir)  # on every rank: each plays a share
-    # Rank 0 logs; its sinks open below, once the resume is accepted.
-    sinks = build_sinks(cfg, run_dir, run_id, resolved) if main else Sinks()
-    trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer, evaluator=evaluator)
-    if checkpoint:
-        checkpointer.restore(trainer, checkpoint, resume_from)
-    if main:  # accepted: from here on the run folder changes
-        run_record.accept(trainer.epoch if checkpoint else None)
-        lock.keep()
+    with closing(parts.env):  # an env stepped in worker processes stops them, whatever ends the run
+        env, policy = parts.env, parts.policy
+        # The run's id (the sinks' RunInfo.id: W&B's run id): a resume keeps the checkpoint's, so W&B continues that
+        # run; a new run gets its id here, so its first checkpoint records it.
+        run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
+        checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
+        evaluator = periodic_eval(cfg, parts, run_dir)  # on every rank: each plays a share
+        # Rank 0 logs; its sinks open below, once the resume is accepted.
+        sinks = build_sinks(cfg, run_dir, run_id, resolved) if main else Sinks()
+        trainer = build_trainer(cfg, parts, sinks=sinks, checkpointer=checkpointer, evaluator=evaluator)
         if checkpoint:
-            log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
-        history.rewind(run_dir, trainer.epoch)  # what the folder holds after this start's epoch moves aside
-        if checkpoint:
-            checkpointer.latest = resume_from if resume_from.exists() else None
-        checkpointer.prepare()
-        prepare_run_dir(run_dir, resolved)
-        sinks.open()
-    log.info(
-        "run %s | %s agents x %d ranks | losses %s | emit_full_log_probs=%s | device %s",
-        run_dir,
-        env.spec.num_agents,
-        distributed.world_size(),
-        list(parts.losses),
-        policy.action_probs.emit_full_log_probs,
-        parts.device,
-    )
-    try:
-        summary = trainer.train()
-        if distributed.world_size() > 1:
-            digest = distributed.check_in_sync(policy)
-            log.info("policy parameters identical on all %d ranks (digest %s)", distributed.world_size(), digest)
-        sinks.summarize(summary)
-    except BaseException as err:  # an interrupted or failed run must not look finished: the sinks hear why
-        sinks.summarize(summarize(trainer.history))
-        sinks.close(err)
-        raise
-    sinks.close()
-    log.info("done: %s", ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
-    return summary[cfg.objective]
+            checkpointer.restore(trainer, checkpoint, resume_from)
+        if main:  # accepted: from here on the run folder changes
+            run_record.accept(trainer.epoch if checkpoint else None)
+            lock.keep()
+            if checkpoint:
+                log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
+            history.rewind(run_dir, trainer.epoch)  # what the folder holds after this start's epoch moves aside
+            if checkpoint:
+                checkpointer.latest = resume_from if resume_from.exists() else None
+            checkpointer.prepare()
+            prepare_run_dir(run_dir, resolved)
+            sinks.open()
+        log.info(
+            "run %s | %s agents x %d ranks | losses %s | emit_full_log_probs=%s | device %s",
+            run_dir,
+            env.spec.num_agents,
+            distributed.world_size(),
+            list(parts.losses),
+            policy.action_probs.emit_full_log_probs,
+            parts.device,
+        )
+        try:
+            summary = trainer.train()
+            if distributed.world_size() > 1:
+                digest = distributed.check_in_sync(policy)
+                log.info("policy parameters identical on all %d ranks (digest %s)", distributed.world_size(), digest)
+            sinks.summarize(summary)
+        except BaseException as err:  # an interrupted or failed run must not look finished: the sinks hear why
+            sinks.summarize(summarize(trainer.history))
+            sinks.close(err)
+            raise
+        sinks.close()
+        log.info("done: %s", ", ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+        return summary[cfg.objective]
 
 
 def periodic_eval(cfg: DictConfig, parts, run_dir: Path) -> PeriodicEval | None:
@@ -139,7 +140,8 @@ def periodic_eval(cfg: DictConfig, parts, run_dir: Path) -> PeriodicEval | None:
     )
     if cfg.trainer.replay_interval:
         try:
-            evaluator.env(num_envs=1).render(0)
+            with closing(evaluator.env(num_envs=1)) as env:
+                env.render(0)
         except NotImplementedError as err:
             raise ConfigError(f"{err}; set trainer.replay_interval=0") from None
     return PeriodicEval(evaluator, run_dir / "replays")

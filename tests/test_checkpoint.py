@@ -55,11 +55,16 @@ def run(run_dir, *overrides, epochs=2):
     return train(compose_config([*TINY, f"trainer.total_timesteps={epochs * EPOCH}", *overrides]), run_dir)
 
 
-def run_reporting(run_dir, *overrides, epochs=2) -> tuple[int, str]:
-    """Run as train.py does (errors reported, not raised); return (exit code, logged error)."""
+def reporting(call) -> tuple[int, str]:
+    """Run ``call()`` (a training run) as train.py does, errors reported, not raised; return (exit code, logged
+    error)."""
     with mock.patch("machina.cli.log.error") as error, pytest.raises(SystemExit) as stop, report_errors():
-        run(run_dir, *overrides, epochs=epochs)
+        call()
     return stop.value.code, error.call_args.args[1] + ": " + str(error.call_args.args[2])
+
+
+def run_reporting(run_dir, *overrides, epochs=2) -> tuple[int, str]:
+    return reporting(lambda: run(run_dir, *overrides, epochs=epochs))
 
 
 def metrics(run_dir) -> list[dict]:

@@ -257,7 +257,7 @@ def test_eval_py_evaluates_a_real_run_folder_and_changes_nothing_in_it(folder):
     assert files(folder) == before
 
 
-@pytest.mark.parametrize("name", ["machina_1", "gymnasium", "mettagrid_arena"])
+@pytest.mark.parametrize("name", ["machina_1", "gymnasium", "mettagrid", "mettagrid_arena"])
 def test_the_composed_env_of_each_env_group_passes_the_checks(name):
     """train.py's periodic evaluation builds its envs from the composed ``env`` through the same checks."""
     env = env_factory(compose_config([f"env={name}"]).env, "cpu")(num_envs=1, seed=0, stagger=False)

@@ -1,5 +1,6 @@
-"""env=mettagrid_arena: the real MettaGrid env behind machina's env interface (needs the mettagrid extra), the
-install message without it, and the start-up refusal of losses that need teacher actions."""
+"""env=mettagrid / env=mettagrid_arena: the real MettaGrid env behind machina's env interface (needs the mettagrid
+extra), the install message without it, and the start-up refusal of losses that need teacher actions. Worker
+processes: tests/test_mettagrid_workers.py."""
 
 import json
 import sys
@@ -17,23 +18,31 @@ TINY = ["env.num_envs=4", "env.max_steps=30", "experience.batch_size=256", "expe
 TINY += ["experience.minibatch_size=128", "trainer.total_timesteps=512", "policy=fast"]
 
 
+ARENA_STATS = {"hearts_made": "heart.made", "resources_gathered": "ore.mined"}
+
+
 def test_without_the_extra_the_env_says_how_to_install_it(monkeypatch):
     # `import mettagrid...` raises ImportError once the package is None and no submodule is cached.
-    for name in [m for m in sys.modules if m.startswith("mettagrid.") or m == "machina.env.mettagrid_game"]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "mettagrid", None)
-    from machina.env.mettagrid import MettaGridArenaEnv
+    import machina.env
 
-    hint = r"env=mettagrid_arena needs the mettagrid extra: pip install -e '\.\[mettagrid\]'"
+    needs_it = ("mettagrid_game", "mettagrid_sims", "mettagrid_workers")
+    for name in [m for m in sys.modules if m.startswith("mettagrid.") or m.rpartition(".")[2] in needs_it]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in needs_it:  # `from machina.env import x` finds an imported submodule on the package
+        monkeypatch.delattr(machina.env, name, raising=False)
+    monkeypatch.setitem(sys.modules, "mettagrid", None)
+    from machina.env.mettagrid import MettaGridEnv
+
+    hint = r"env=mettagrid needs the mettagrid extra: pip install -e '\.\[mettagrid\]'"
     with pytest.raises(ConfigError, match=hint):
-        MettaGridArenaEnv(num_envs=1)
+        MettaGridEnv(num_envs=1)
 
 
 def test_random_actions_give_well_formed_tokens_and_episodes_reset():
     pytest.importorskip("mettagrid")
-    from machina.env.mettagrid import MettaGridArenaEnv
+    from machina.env.mettagrid import MettaGridEnv
 
-    env = MettaGridArenaEnv(num_envs=4, max_steps=10, seed=1)
+    env = MettaGridEnv(num_envs=4, max_steps=10, seed=1, stats=ARENA_STATS)
     spec, n = env.spec, env.spec.num_agents
     assert spec.outputs == frozenset() and spec.num_actions == 5
     gen = torch.Generator().manual_seed(0)
@@ -60,12 +69,14 @@ def test_random_actions_give_well_formed_tokens_and_episodes_reset():
     assert set(stats) == {"episodes", "return", "length", "hearts_made", "resources_gathered"}
 
 
-def test_mining_and_converting_yield_a_heart_and_its_reward():
+def test_mining_and_converting_yield_a_heart_and_its_reward(tmp_path):
     pytest.importorskip("mettagrid")
-    from machina.env.mettagrid import MettaGridArenaEnv
+    from machina.env.mettagrid import MettaGridEnv
+    from machina.env.mettagrid_game import arena_config, write_game
 
     rows = ["#######", "#m@.c.#", "#.....#", "#######"]  # mine west of the agent, converter two cells east
-    env = MettaGridArenaEnv(num_envs=2, agents_per_env=1, map_rows=rows, max_steps=20, ore_per_heart=2)
+    game = write_game(arena_config(agents_per_env=1, map_rows=rows, max_steps=20, ore_per_heart=2), tmp_path / "g.json")
+    env = MettaGridEnv(game=str(game), num_envs=2, stats=ARENA_STATS)
     west, east = 3, 4  # MettaGrid's action ids: noop, move_north, move_south, move_west, move_east
     env.reset()
     rewards = [env.step(torch.full((2,), a))[keys.REWARDS] for a in (west, west, east, east)]
@@ -97,7 +108,7 @@ def test_mining_and_converting_yield_a_heart_and_its_reward():
 def test_losses_that_need_teacher_actions_are_refused(loss):
     pytest.importorskip("mettagrid")
     cfg = compose_config(["env=mettagrid_arena", f"losses=[ppo,{loss}]", *TINY])
-    with pytest.raises(ConfigError, match=f"loss '{loss}' reads the env output teacher_actions.*MettaGridArenaEnv"):
+    with pytest.raises(ConfigError, match=f"loss '{loss}' reads the env output teacher_actions.*MettaGridEnv"):
         build(cfg)
 
 

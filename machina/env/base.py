@@ -37,6 +37,13 @@ class Env:
     # no random draw, no Python state a replay would skip but the step counter ``prepare_rollout`` is told): a
     # graphed rollout (``system.cuda_graphs``) then replays the policy forward and the env step as one graph.
     capturable: bool = False
+    # Agents split into ``groups`` equal, contiguous slices (of whole envs) that step apart, through ``send`` and
+    # ``recv``: an env whose engine steps in other processes then steps one group while the policy acts on another
+    # (the rollout overlaps them when ``groups`` is 2). ``step`` still steps every group.
+    groups: int = 1
+    # Processes besides this one that step the env on this host's cores (worker processes): while they step one
+    # group, a rollout on the CPU leaves them their cores (fewer torch threads for the policy acting on the other).
+    host_processes: int = 0
 
     def reset(self) -> TensorDict:
         """Start every env afresh; return the first observations (zero rewards, no episode ends)."""
@@ -50,6 +57,24 @@ class Env:
     def step(self, actions: torch.Tensor) -> TensorDict:
         """Act with int64 ``actions`` [N]; see the class docstring for what comes back."""
         raise NotImplementedError
+
+    def send(self, group: int, actions: torch.Tensor) -> None:
+        """Start stepping group ``group`` (agents ``[group * N / groups, (group + 1) * N / groups)``) with its int64
+        ``actions`` [N / groups]; ``recv(group)`` returns the step. By default (one group) the step runs in
+        ``recv``."""
+        if group != 0 or self.groups != 1:
+            raise NotImplementedError(f"{type(self).__name__} declares {self.groups} groups but no send / recv")
+        self._sent = actions
+
+    def recv(self, group: int) -> TensorDict:
+        """The step ``send(group, ...)`` started: what ``step`` returns, for that group's agents (batch [N /
+        groups]). Raises ``machina.errors.EnvFailed`` if the engine died."""
+        actions, self._sent = self._sent, None
+        return self.step(actions)
+
+    def close(self) -> None:
+        """Release what the env holds outside this process (worker processes, shared memory); nothing by default.
+        Called once training or evaluation is over, also after a failure."""
 
     def episode_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the episodes that ended since the last call, as 0-d float32 device tensors: ``episodes`` (how

@@ -38,7 +38,7 @@ GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"
 ENVS = {
     "machina.env.machina_1.Machina1Env": ("machina.env.machina_1", "Machina1Env"),
     GYMNASIUM: ("machina.env.gymnasium", "GymnasiumEnv"),
-    "machina.env.mettagrid.MettaGridArenaEnv": ("machina.env.mettagrid", "MettaGridArenaEnv"),
+    "machina.env.mettagrid.MettaGridEnv": ("machina.env.mettagrid", "MettaGridEnv"),
 }
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values: values here are plain already
 BUILDER_ARGS = ("num_envs", "seed", "device", "outputs", "stagger")  # set by make_env

@@ -1,24 +1,29 @@
-"""MettaGridArenaEnv: E real MettaGrid envs (``env=mettagrid_arena``, the ``mettagrid`` extra) behind the same
-reset / step TensorDict interface as the built-in ``Machina1Env``, so no other part of machina changes.
+"""MettaGridEnv: E envs of any MettaGrid game (``env=mettagrid env.game=<name or file>``, the ``mettagrid`` extra)
+behind the same reset / step TensorDict interface as the built-in ``Machina1Env``.
 
-The game (agents, walls, mine -> ore -> converter -> heart) is written with MettaGrid's config API in
-``mettagrid_game.py``. Each env is one MettaGrid ``Simulation`` (its C++ core steps all of that env's agents); all
-of them write straight into slices of one set of batch arrays that are views of torch tensors (pinned when the
-trainer is on an accelerator), so observations arrive without a copy. One process steps every env: on the 2-core
-machine this was written on, worker processes were slower (docs/mettagrid.md has the numbers).
+The game is a file read as data (``game_file.read_game``: a shipped game's name such as ``arena``, or the path of
+a .yaml / .json MettaGridConfig); agents per env, actions, the observation window and token count, and the
+feature names come from it. Each env is one MettaGrid ``Simulation`` whose C++ core writes straight into slices of
+one set of batch arrays (``mettagrid_sims``), stepped in this process (``workers=0``) or by worker processes that
+share the arrays (``workers=N`` or ``auto``; ``mettagrid_workers``). With ``overlap`` the envs form two groups
+(``groups`` = 2) that ``send`` / ``recv`` step apart, so the workers step one group while the policy acts on the
+other. An env's trajectory depends only on the seed, its index and the actions: any worker count and either
+``overlap`` give the same numbers.
 
 Agent index = env_index * agents_per_env + slot. An env whose episode ended (every agent truncated at
-``max_steps`` or terminated) restarts within the same ``step`` on a new map: REWARDS / TRUNCATED describe the step
+``max_steps`` or terminated) restarts within the same step on a new map: REWARDS / TRUNCATED describe the step
 that ended the episode, OBS is already the new episode's first observation. First episodes are staggered (ended
-early at a random step in [1, max_steps]; not on hand-made maps) so that envs do not reset in lockstep. No teacher
-actions.
+early at a step in [1, max_steps]; only on random maps, i.e. a map builder with a ``seed``) so that envs do not
+reset in lockstep. No teacher actions.
 
 Tokens are MettaGrid's (packed ``row << 4 | col`` location, feature id, value; padding 0xFF) with one change:
 global tokens (episode progress, last reward), which MettaGrid marks with location 0xFE, are moved to the centre
 of the window, where the agent's own inventory tokens are too, so every location lies inside the window.
 """
 
-from collections.abc import Collection
+import os
+from collections import deque
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import torch
@@ -28,106 +33,113 @@ from machina import keys
 from machina.env.base import Env
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, ObsSpec
-from machina.errors import ConfigError
+from machina.errors import ConfigError, EnvFailed
 
-STAT_NAMES = ("episodes", "return", "length", "hearts_made", "resources_gathered")
-GLOBAL_LOCATION = 0xFE  # MettaGrid's location byte for non-spatial tokens
-SEED_STRIDE = 1_000_000  # map / simulation seeds of env e are base_e + episode, base_e = (seed * E + e) * stride
-INSTALL_HINT = "env=mettagrid_arena needs the mettagrid extra: pip install -e '.[mettagrid]'"
+BASE_STATS = ("episodes", "return", "length")
+INSTALL_HINT = "env=mettagrid needs the mettagrid extra: pip install -e '.[mettagrid]'"
 
 
-class MettaGridArenaEnv(Env):
-    """E MettaGrid envs of ``agents_per_env`` agents each; see the module docstring and ``mettagrid_game.py``.
+class MettaGridEnv(Env):
+    """E envs of the MettaGrid game ``game``; see the module docstring.
 
-    ``map_rows``: a fixed ASCII map (border included; '#' wall, '.' empty, '@' agent, 'm' mine, 'c' converter) for
-    every episode instead of random maps (tests, hand-made levels). ``outputs`` is taken for the common
-    constructor signature; this env declares no optional outputs (``spec.outputs`` is empty), so it asks for
-    nothing. ``stagger`` False plays whole first episodes (evaluation).
+    Settings: ``game`` (a shipped game's name or a .yaml / .json path), ``max_steps`` (None: the game's own episode
+    length; a number overrides it, as ``debug=tiny`` does), ``workers`` (0: step in this process; N:
+    N worker processes, at most one per env of a group; ``auto``: one per core but one), ``overlap`` (two groups
+    stepped apart through ``send`` / ``recv``; needs workers; an odd ``num_envs`` steps as one group), ``stats``
+    (episode stat name -> MettaGrid agent stat, summed over an env's agents when its episode ends). ``outputs``
+    is taken for the common constructor signature; this env declares no optional outputs. ``stagger`` False plays
+    whole first episodes (evaluation).
     """
 
     continues_episodes = False  # MettaGrid's C++ state is not saved: a restored env starts new episodes
 
     def __init__(
         self,
+        game: str = "arena",
         num_envs: int = 64,
-        agents_per_env: int = 4,
-        height: int = 11,
-        width: int = 11,
-        walls: int = 10,
-        mines: int = 4,
-        converters: int = 2,
-        ore_per_heart: int = 2,
-        inventory_cap: int = 4,
-        heart_reward: float = 1.0,
-        max_steps: int = 200,
-        max_tokens: int = 128,
-        window: int = 11,
-        map_rows: list[str] | None = None,
+        workers: int | str = 0,
+        overlap: bool = False,
+        stats: Mapping[str, str] | None = None,
+        max_steps: int | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         outputs: Collection[str] = frozenset(),
         stagger: bool = True,
     ):
         try:
-            from mettagrid.simulator.simulator import Buffers, Simulation
-
-            from machina.env import mettagrid_game as game
+            from machina.env import mettagrid_sims, mettagrid_workers
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
-        if min(num_envs, agents_per_env, max_steps, max_tokens) < 1 or not 1 <= window <= 15 or window % 2 == 0:
-            raise ValueError("num_envs, agents_per_env, max_steps, max_tokens must be >= 1 and window odd in 1..15")
+        from machina.env import game_file
+
+        stats = dict(stats or {})
+        check_settings(num_envs, workers, overlap, stats, max_steps)
+        cfg = game_file.read_game(game)
+        if max_steps is not None:
+            cfg.game.max_steps = max_steps
         self.device = torch.device(device)
-        self.num_envs, self.agents_per_env, self.max_steps = num_envs, agents_per_env, max_steps
-        self.num_agents = e_a = num_envs * agents_per_env
-        self.seed, self.map_rows, self.stagger = seed, map_rows, stagger
-        cfg = game.arena_config(
-            agents_per_env, height, width, walls, mines, converters, ore_per_heart, inventory_cap, heart_reward,
-            max_steps, max_tokens, window, list(map_rows) if map_rows else None,
-        )  # fmt: skip
-        names, norms = game.feature_table(cfg)
-        num_actions = len(game.action_names(cfg))
+        self.num_envs, self.seed = num_envs, seed
+        self.agents_per_env = a = cfg.game.num_agents
+        self.num_agents = n = num_envs * a
+        self.max_steps = cfg.game.max_steps
+        max_tokens, window = cfg.game.obs.num_tokens, cfg.game.obs.width
+        names, norms = game_file.feature_table(cfg)
         obs_spec = ObsSpec(max_tokens, window, names, norms)
         # Staggered first episodes end early and the observation carries no step counter: truncations are bootstrapped.
-        self.spec = EnvSpec(num_envs, agents_per_env, num_actions, obs_spec, frozenset(), observes_time=False)
+        self.spec = EnvSpec(num_envs, a, len(game_file.action_names(cfg)), obs_spec, frozenset(), observes_time=False)
         self.centre = (window // 2) << 4 | window // 2
-        self.stat_keys = (game.HEART_STAT, game.ORE_STAT)
+        # Two equal groups of whole envs; an odd count (a replay's one env, say) steps as one group.
+        self.groups = 2 if overlap and num_envs % 2 == 0 else 1
+        self.tally = EpisodeTally((*BASE_STATS, *stats), num_envs)
+        self.seed_stride = mettagrid_sims.SEED_STRIDE
 
-        # Batch arrays: torch tensors whose memory the C++ envs write into (numpy views, sliced per env).
-        pin = self.device.type != "cpu"
-        self.obs = torch.empty(e_a, max_tokens, 3, dtype=torch.uint8, pin_memory=pin)
-        self.buf = {
-            "terminals": torch.zeros(e_a, dtype=torch.bool),
-            "truncations": torch.zeros(e_a, dtype=torch.bool),
-            "rewards": torch.zeros(e_a, dtype=torch.float32),
-            "actions": torch.zeros(e_a, dtype=torch.int32),
-            "vibe_actions": torch.zeros(e_a, dtype=torch.int32),  # unused: vibes are off
-        }
-        arrays = {"observations": self.obs.numpy(), **{k: v.numpy() for k, v in self.buf.items()}}
-        self.buffers = [
-            Buffers(
-                masks=np.ones(agents_per_env, dtype=bool),
-                teacher_actions=arrays["vibe_actions"][sl],
-                **{k: v[sl] for k, v in arrays.items()},
+        layout = mettagrid_sims.batch_layout(n, max_tokens, num_envs, len(stats))
+        size = mettagrid_sims.buffer_size(layout)
+        processes = mettagrid_workers.worker_count(workers, num_envs // self.groups, usable_cores())
+        if processes == 0:
+            buffer = np.zeros(size, dtype=np.uint8)
+            self.arrays = mettagrid_sims.batch_arrays(buffer, layout)
+            self.runner = mettagrid_workers.Local(cfg, num_envs, seed, stagger, tuple(stats.values()), self.arrays)
+        else:
+            buffer = mettagrid_workers.shared_buffer(size)
+            self.arrays = mettagrid_sims.batch_arrays(buffer, layout)
+            self.runner = mettagrid_workers.Workers(
+                processes, self.groups, buffer, layout, cfg, num_envs, seed, stagger, tuple(stats.values())
             )
-            for sl in (slice(e * agents_per_env, (e + 1) * agents_per_env) for e in range(num_envs))
+        self.host_processes = processes
+        self.commands = mettagrid_sims
+        self.host = {name: torch.from_numpy(array) for name, array in self.arrays.items()}
+        self.group_agents = [slice(g * n // self.groups, (g + 1) * n // self.groups) for g in range(self.groups)]
+        self.group_envs = [
+            slice(g * num_envs // self.groups, (g + 1) * num_envs // self.groups) for g in range(self.groups)
         ]
-        self.simulation = Simulation
-        self.cfgs = [cfg.model_copy(deep=True) for _ in range(num_envs)]  # each env sets its own map seed per episode
-        self.sims = [None] * num_envs
-        self.episode = np.zeros(num_envs, dtype=np.int64)  # episodes started per env: the next seed offset
-        self.tally = EpisodeTally(STAT_NAMES, num_envs)
-        self._start_all()
+        self.everyone = slice(0, n)
+        self.in_flight: deque[int] = deque()  # groups sent and not yet received, oldest first
+        self._run(self.commands.START_ALL, "reset")
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """The worker processes' ids (none for ``workers=0``): what a test kills to see a worker fail."""
+        return self.runner.pids
 
     # ----------------------------------------------------------------------------------------------- public API
     def reset(self) -> TensorDict:
         """New maps for every env (staggered first episodes); clears episode stats. Returns ``observe()``."""
-        self._start_all()
+        self._run(self.commands.START_ALL, "reset")
+        self.tally.clear()
         return self.observe()
 
     def observe(self) -> TensorDict:
         """The current observation TensorDict (zero rewards, no termination), as ``reset`` returns it."""
+        self._check_idle("observe")
         zeros = torch.zeros(self.num_agents, dtype=torch.bool)
-        return self._output(torch.zeros(self.num_agents), zeros, zeros)
+        out = {
+            keys.OBS: self.host["observations"].clone(),
+            keys.REWARDS: torch.zeros(self.num_agents),
+            keys.TERMINATED: zeros,
+            keys.TRUNCATED: zeros.clone(),
+        }
+        return TensorDict(out, batch_size=[self.num_agents]).to(self.device, non_blocking=True)
 
     def step(self, actions: torch.Tensor) -> TensorDict:
         """Advance every env by one step.
@@ -135,39 +147,44 @@ class MettaGridArenaEnv(Env):
         actions: int64 (or int32) [N], ids in [0, num_actions). Returns a TensorDict, batch [N], on ``device``: OBS
         uint8 [N, M, 3], REWARDS float32 [N], TERMINATED bool [N], TRUNCATED bool [N] (see the module docstring for
         ended episodes), and FINAL_OBS uint8 [N, M, 3] on steps where some agent was truncated (the observation
-        each agent saw when its episode ended; rows of other agents are their current observation). No
-        TEACHER_ACTIONS.
+        each truncated agent saw when its episode ended; rows of other agents are their current observation). No
+        TEACHER_ACTIONS. EnvFailed if a worker died or its engine raised.
         """
-        if actions.shape != (self.num_agents,) or actions.dtype not in (torch.int64, torch.int32):
-            got = f"{actions.dtype} {list(actions.shape)}"
-            raise ValueError(f"actions must be int64 or int32 [{self.num_agents}] (num_agents), got {got}")
-        actions = actions.cpu()
-        if bool(((actions < 0) | (actions >= self.spec.num_actions)).any()):
-            raise ValueError(f"action ids must be in [0, {self.spec.num_actions})")
-        self.buf["actions"].copy_(actions)
-        for e, sim in enumerate(self.sims):
-            # The C++ step alone: Simulation.step adds stopwatch timers, talk and event handlers, which this game
-            # does not use, at about a third of the env's time.
-            sim._c_sim.step()
-            if sim.current_step == self.first_len[e]:
-                sim.end_episode()  # the staggered first episode: a time limit, like max_steps
-        rewards, terminated, truncated = (self.buf[k].clone() for k in ("rewards", "terminals", "truncations"))
-        self.ep_return += rewards.view(self.num_envs, -1).sum(1).double().numpy()
-        done = (terminated | truncated).view(self.num_envs, -1).all(1).tolist()
-        # The final observations, read before the ended envs' new episodes overwrite the batch arrays.
-        final = self._tokens() if bool(truncated.any()) else None
-        for e in (e for e, d in enumerate(done) if d):
-            self._end_episode(e)
-        out = self._output(rewards, terminated, truncated)
-        if final is not None:
-            out[keys.FINAL_OBS] = final.to(self.device, non_blocking=True)
-        return out
+        self._check_idle("step")
+        self._put_actions(self.everyone, actions)
+        self._run(self.commands.STEP, "step")
+        return self._output(self.everyone, slice(0, self.num_envs))
+
+    def send(self, group: int, actions: torch.Tensor) -> None:
+        """Start stepping group ``group`` (its agents' int64 ``actions`` [N / groups]); ``recv(group)`` returns the
+        step. With workers, this returns at once and the workers step while the caller does other work."""
+        if self.groups == 1:
+            return super().send(group, actions)
+        if group in self.in_flight or not 0 <= group < self.groups:
+            raise ValueError(f"send({group}): group {group} is in flight or not one of the {self.groups} groups")
+        self._put_actions(self.group_agents[group], actions)
+        self.runner.start(self.commands.STEP, group)
+        self.in_flight.append(group)
+
+    def recv(self, group: int) -> TensorDict:
+        """What ``step`` returns, for group ``group``'s agents (batch [N / groups]), once its workers are done.
+        Groups are received in the order they were sent; EnvFailed if a worker died or its engine raised."""
+        if self.groups == 1:
+            return super().recv(group)
+        if not self.in_flight or self.in_flight[0] != group:
+            raise ValueError(f"recv({group}): the groups in flight, oldest first, are {list(self.in_flight)}")
+        self.in_flight.popleft()
+        self._finish()
+        return self._output(self.group_agents[group], self.group_envs[group])
+
+    def close(self) -> None:
+        """Stop and join the worker processes (idempotent; also run when the env is collected or Python exits)."""
+        self.runner.close()
 
     def episode_stats(self) -> dict[str, torch.Tensor]:
         """Sums over the env-episodes that ended since the last call, as 0-d float32 tensors on the device:
-        ``episodes``, ``return`` (per-agent mean return of each episode, summed), ``length`` (steps),
-        ``hearts_made`` and ``resources_gathered`` (ore mined; both summed over the env's agents). Resets the sums.
-        """
+        ``episodes``, ``return`` (per-agent mean return of each episode, summed), ``length`` (steps), and each name
+        of ``stats`` (its MettaGrid agent stat summed over the env's agents). Resets the sums."""
         return self.tally.pop_sums(self.device)
 
     def last_episodes(self) -> dict[str, torch.Tensor]:
@@ -177,57 +194,96 @@ class MettaGridArenaEnv(Env):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Episode counters and stat sums. MettaGrid's C++ state is not saved: a restored env starts new episodes
         with the seeds that follow the saved ones."""
-        return {"episode": torch.from_numpy(self.episode.copy()), "totals": torch.from_numpy(self.tally.totals.copy())}
+        return {"episode": self.host["episode"].clone(), "totals": torch.from_numpy(self.tally.totals.copy())}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``), once
         checked (``episode_tally.check_counters``)."""
-        episode, totals = check_counters(d, "episode", self.num_envs, len(self.tally.totals), SEED_STRIDE)
-        self.episode[:] = episode.numpy()
-        for e in range(self.num_envs):
-            self._start_episode(e)
+        episode, totals = check_counters(d, "episode", self.num_envs, len(self.tally.totals), self.seed_stride)
+        self.arrays["episode"][:] = episode.numpy()
+        self._run(self.commands.RESTART, "load_state_dict")
         self.tally.totals[:] = totals.numpy()
 
     # ------------------------------------------------------------------------------------------------ internals
-    def _start_all(self) -> None:
-        # Staggered first episodes, as in Machina1Env: lengths in [1, max_steps], spread evenly over the envs.
-        rng = np.random.default_rng(self.seed)
-        self.first_len = rng.permutation(self.num_envs) % self.max_steps + 1
-        if self.map_rows is not None or not self.stagger:
-            self.first_len[:] = 0  # whole episodes (step counters start at 1, so 0 never ends one)
-        self.ep_return = np.zeros(self.num_envs)
-        self.tally.clear()
-        for e in range(self.num_envs):
-            self._start_episode(e)
+    def _check_idle(self, what: str) -> None:
+        if self.in_flight:
+            raise ValueError(f"{what} while groups {list(self.in_flight)} are sent and not received (recv them first)")
 
-    def _start_episode(self, e: int) -> None:
-        if self.sims[e] is not None:
-            self.sims[e].close()
-        seed = (self.seed * self.num_envs + e) * SEED_STRIDE + int(self.episode[e])
-        if self.map_rows is None:
-            self.cfgs[e].game.map_builder.seed = seed  # a new random map per episode, reproducible from the seed
-        self.sims[e] = self.simulation(self.cfgs[e], seed=seed, buffers=self.buffers[e])
-        self.episode[e] += 1
-        self.ep_return[e] = 0.0
+    def _run(self, command: bytes, what: str) -> None:
+        """``command`` on every group, waited for."""
+        self._check_idle(what)
+        self.runner.start(command, self.commands.ALL_GROUPS)
+        self._finish()
 
-    def _end_episode(self, e: int) -> None:
-        sim = self.sims[e]
-        agents = sim.episode_stats["agent"]
-        made, mined = (sum(a.get(k, 0.0) for a in agents) for k in self.stat_keys)
-        self.tally.add(e, (self.ep_return[e] / self.agents_per_env, sim.current_step, made, mined))
-        self.first_len[e] = 0  # later episodes run to max_steps
-        self._start_episode(e)
+    def _finish(self) -> None:
+        try:
+            self.runner.finish()
+        except EnvFailed:
+            self.in_flight.clear()  # nothing more will come back: a checkpoint may read the counters now
+            raise
 
-    def _tokens(self) -> torch.Tensor:
-        """The batch arrays' observations with global tokens moved to the centre: uint8 [N, M, 3] on the host."""
-        # A copy, since the next step overwrites the batch arrays; numpy's, since torch's multi-threaded copy of
-        # this small array was 30x slower on a loaded 2-core machine.
-        obs = self.obs.numpy().copy()
-        loc = obs[..., 0]
-        loc[loc == GLOBAL_LOCATION] = self.centre
-        return torch.from_numpy(obs)
+    def _put_actions(self, agents: slice, actions: torch.Tensor) -> None:
+        n = agents.stop - agents.start
+        if actions.shape != (n,) or actions.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"actions must be int64 or int32 [{n}] (agents stepped), got {actions.dtype} {[*actions.shape]}"
+            )
+        ids = self.host["actions"][agents]
+        ids.copy_(actions)  # a host env: the one device read of a step
+        view = self.arrays["actions"][agents]
+        if view.min() < 0 or view.max() >= self.spec.num_actions:
+            raise ValueError(f"action ids must be in [0, {self.spec.num_actions})")
 
-    def _output(self, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> TensorDict:
-        obs = self._tokens()
-        out = {keys.OBS: obs, keys.REWARDS: rewards, keys.TERMINATED: terminated, keys.TRUNCATED: truncated}
-        return TensorDict(out, batch_size=[self.num_agents]).to(self.device, non_blocking=True)
+    def _output(self, agents: slice, envs: slice) -> TensorDict:
+        """The step of ``agents`` (the envs ``envs``) as copies on ``device``; ended episodes into the tally."""
+        ended = self.arrays["ended"][envs]
+        if ended.any():
+            ids = np.flatnonzero(ended) + envs.start
+            self.tally.add(ids, self.arrays["ended_stats"][ids])
+        host, arrays, n = self.host, self.arrays, agents.stop - agents.start
+        # Copies on the device: the next step writes the batch arrays again.
+        hand = torch.clone if self.device.type == "cpu" else self._to_device
+        out = {
+            keys.OBS: hand(host["observations"][agents]),
+            keys.REWARDS: hand(host["step_rewards"][agents]),
+            keys.TERMINATED: hand(host["step_terminals"][agents]),
+            keys.TRUNCATED: hand(host["step_truncations"][agents]),
+        }
+        truncated = arrays["step_truncations"][agents]
+        if truncated.any():
+            # Each agent's final observation where it was truncated, else its current one (one masked copy).
+            final = host["observations"][agents].clone()
+            np.copyto(final.numpy(), arrays["final_observations"][agents], where=truncated[:, None, None])
+            out[keys.FINAL_OBS] = final if self.device.type == "cpu" else self._to_device(final)
+        return TensorDict(out, batch_size=[n], device=self.device)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_settings(num_envs: object, workers: object, overlap: object, stats: dict, max_steps: object) -> None:
+    """Refuse, in one line naming the setting, what the env cannot run."""
+    for name, value in (("num_envs", num_envs), ("max_steps", max_steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"env.{name}={value!r} must be a whole number >= 1")
+    if num_envs is None:
+        raise ConfigError("env.num_envs=None must be a whole number >= 1")
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(
+            f"env.workers={workers!r} must be 0 (step in this process), a number of worker processes, or auto"
+        )
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"env.overlap={overlap!r} must be true or false")
+    if overlap and workers == 0:
+        raise ConfigError("env.overlap=true needs env.workers >= 1 (or auto): envs in this process cannot step aside")
+    for name, stat in stats.items():
+        if name in BASE_STATS or not isinstance(name, str) or not isinstance(stat, str):
+            raise ConfigError(
+                f"env.stats.{name}={stat!r}: each entry names a new episode stat (not {', '.join(BASE_STATS)}) and "
+                "the MettaGrid agent stat it sums (a string, e.g. heart.made)"
+            )

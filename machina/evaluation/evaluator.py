@@ -10,6 +10,7 @@ training) is the same with or without it. It uses only the public ``Env`` API, s
 """
 
 from collections.abc import Callable
+from contextlib import closing
 
 import numpy as np
 import torch
@@ -52,9 +53,9 @@ class Evaluator:
             raise ConfigError(f"episodes must be a positive integer, got {episodes!r}")
         self.make_env, self.episodes, self.greedy, self.seed = make_env, episodes, bool(greedy), seed
         self.step_limit = step_limit
-        probe = make_env(num_envs=1, seed=seed, stagger=False)
-        self.spec: EnvSpec = probe.spec
-        self.device = probe.device
+        with closing(make_env(num_envs=1, seed=seed, stagger=False)) as probe:
+            self.spec: EnvSpec = probe.spec
+            self.device = probe.device
 
     def env(self, num_envs: int | None = None, outputs: frozenset[str] = frozenset()) -> Env:
         """A fresh env on the evaluation layouts (``num_envs`` defaults to ``episodes``) returning the optional
@@ -99,7 +100,7 @@ class Evaluator:
         env = self.env(num_envs=1)
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         frames = []
-        with forked_rng(self.seed, self.device):
+        with closing(env), forked_rng(self.seed, self.device):
             for step_count, _ in enumerate(play(env, actor)):
                 ended = step_count > 0 and env.last_episodes()["episodes"][0] > 0
                 if step_count == (steps or self.step_limit) or (steps is None and ended):
@@ -117,7 +118,9 @@ class Evaluator:
         return row
 
     def _row(self, env: Env, actor: Actor) -> dict[str, float]:
-        stats = first_episodes(env, actor, self.step_limit)
+        """The row of ``env``'s first episodes played by ``actor``; closes ``env``."""
+        with closing(env):
+            stats = first_episodes(env, actor, self.step_limit)
         row = {"episodes": float(len(next(iter(stats.values()))))}
         for name, values in stats.items():
             row[name], row[f"{name}_std"] = values.mean().item(), values.std(correction=0).item()

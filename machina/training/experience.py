@@ -143,20 +143,24 @@ class Experience:
         self._step = 0
         self._ratio.fill_(1.0)
 
-    def store(self, step: Mapping[str, torch.Tensor], state: TensorDict) -> None:
-        """Write one env step for all agents.
+    def store(self, step: Mapping[str, torch.Tensor], state: TensorDict, agents: slice | None = None) -> None:
+        """Write one env step for all agents, or for the contiguous slice ``agents`` of them (an overlapped rollout
+        stores each group of agents as its step arrives; the step is complete once the slice reaching N is stored).
 
         Args:
-            step: every key of ``spec``, [N, ...] (a TensorDict or a dict of tensors).
-            state: batch [N] recurrent state before this step; recorded when the step opens a row.
+            step: every key of ``spec``, [n, ...] for the n agents written (a TensorDict or a dict of tensors).
+            state: batch [n] recurrent state before this step; recorded when the step opens a row.
+            agents: the agents written, None for all N; slices of one step must be stored in agent order.
         """
         p, t = divmod(self._step, self.bptt_horizon)
+        whole = agents is None
         if t == 0:
             for key, rows in self._state_rows[p]:
-                rows.copy_(state[key])
+                (rows if whole else rows[agents]).copy_(state[key])
         for key, column in self._columns[self._step]:
-            column.copy_(step[key])
-        self._step += 1
+            (column if whole else column[agents]).copy_(step[key])
+        if whole or agents.stop >= self.num_agents:
+            self._step += 1
 
     def store_last_values(self, values: torch.Tensor) -> None:
         """Record float32 [N]: V of the observation each agent's rollout ends on (its last step's bootstrap)."""
@@ -240,11 +244,11 @@ class Experience:
 
 
 def agent_major(x: torch.Tensor, num_agents: int) -> torch.Tensor:
-    """Buffer rows [S, T] -> [N, L] with L = S / N * T: row ``p * N + i`` is agent i's p-th segment, so agent i's
-    rollout is its segments in pass order."""
-    segments, horizon = x.shape
+    """Buffer rows [S, T, ...] -> [N, L, ...] with L = S / N * T: row ``p * N + i`` is agent i's p-th segment, so
+    agent i's rollout is its segments in pass order."""
+    segments, horizon, *rest = x.shape
     passes = segments // num_agents
-    return x.view(passes, num_agents, horizon).transpose(0, 1).reshape(num_agents, passes * horizon)
+    return x.view(passes, num_agents, horizon, *rest).transpose(0, 1).reshape(num_agents, passes * horizon, *rest)
 
 
 def segment_major(x: torch.Tensor, segments: int) -> torch.Tensor:

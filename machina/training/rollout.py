@@ -13,7 +13,8 @@ The live step is allocated once and written in place, so a step reads and writes
 them, else the forward alone does (``cuda_graph.py``); the ``Execution`` decides whether to compile or capture.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from tensordict import TensorDict
@@ -69,7 +70,8 @@ class Rollout:
         self.live.update(policy.initial_state(self.num_agents, self.device))
         self.inputs = dict(self.live.items())
         self.observed = {key: value for key, value in self.inputs.items() if key not in self.state_keys}
-        self.sources = [(value, keys.NEXT_STATE.get(key, key)) for key, value in self.inputs.items()]
+        self.source_keys = [(key, keys.NEXT_STATE.get(key, key)) for key in self.inputs]
+        self.sources = [(self.inputs[key], source) for key, source in self.source_keys]
         hooks_between = any(overrides(loss, "on_rollout_step") for loss in losses.values())
         hooked = [loss for loss in losses.values() if any(overrides(loss, hook) for hook in ROLLOUT_HOOKS)]
         # Losses see each step as a TensorDict; without step hooks the buffer reads a plain dict, a third the cost.
@@ -80,6 +82,11 @@ class Rollout:
         self.policy_keys = tuple(k for k in policy.output_keys() if k in experience.step_keys or k in consumed)
         self.keep = (*self.policy_keys, *(keys.NEXT_STATE[k] for k in self.state_keys))
         self.act = execution.function(policy.act)
+        # An env stepped elsewhere in two groups: act on one group while the other steps (``_run_overlapped``).
+        # Losses' step hooks see whole steps and a graph replays a whole step, so either keeps the whole step.
+        self.groups = env.groups if env.groups == 2 and not self.hooked and not execution.graphs else 1
+        size = self.num_agents // self.groups
+        self.group_agents = [slice(g * size, (g + 1) * size) for g in range(self.groups)]
         self.whole_step = self.forward = None  # captured calls, when graphed
         if execution.graphs:
             if env.capturable and not hooks_between:
@@ -146,6 +153,8 @@ class Rollout:
             self.env.prepare_rollout(exp.batch_size // self.num_agents)
         for loss in self.losses.values():
             loss.on_rollout_start(progress)
+        if self.groups > 1:
+            return self._run_overlapped()
         steps = 0
         while not exp.full:
             if self.whole_step is not None:
@@ -177,6 +186,64 @@ class Rollout:
             exp.store_last_values(self.act(dict(self.inputs))[keys.VALUES])
         return steps
 
+    def _run_overlapped(self) -> int:
+        """``_run`` for an env of two groups: while the env steps one group, the policy acts on the other. Per group
+        g, in turn: receive g's step, store it (its slice of the buffer's column), advance g's live step, act on it
+        and send g's actions. Each group sees exactly the steps of ``_run``; only the order of the policy's random
+        draws differs (one draw per group), so a seed gives the same run for a fixed group count."""
+        with self._cores_left_to_workers():
+            return self._steps_overlapped()
+
+    @contextmanager
+    def _cores_left_to_workers(self) -> Iterator[None]:
+        """On the CPU, act with one torch thread fewer per process that steps the env (at least one) while it runs:
+        the policy's threads would otherwise take the cores the workers step the other group on (on 2 cores with 1
+        worker, 1.15x the end-to-end agent-steps/s; BENCHMARKS.md)."""
+        threads = torch.get_num_threads()
+        if self.device.type != "cpu" or not self.env.host_processes:
+            yield
+            return
+        torch.set_num_threads(max(1, threads - self.env.host_processes))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    def _steps_overlapped(self) -> int:
+        exp, sw = self.experience, self.stopwatch
+        views = [{key: value[agents] for key, value in self.inputs.items()} for agents in self.group_agents]
+        pending = [self._send(g, views[g]) for g in range(self.groups)]
+        steps = exp.batch_size // self.num_agents
+        for t in range(steps):
+            for g, agents in enumerate(self.group_agents):
+                out, step = pending[g]
+                with sw.time("rollout.env"):
+                    result = self.env.recv(g)
+                with sw.time("rollout.hooks"):
+                    for key in OUTCOME_KEYS:
+                        step[key] = result[key]
+                    if self.bootstrap_truncations:
+                        step[keys.FINAL_VALUES] = self._final_values(result, out)
+                with sw.time("rollout.store"):
+                    exp.store(step, views[g], agents)
+                    self._advance(result, out, views[g])
+                if t + 1 < steps:
+                    pending[g] = self._send(g, views[g])
+        with sw.time("rollout.inference"):
+            exp.store_last_values(self.act(dict(self.inputs))[keys.VALUES])
+        return steps * self.num_agents
+
+    def _send(self, group: int, inputs: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        """Act on ``group``'s live step (``inputs``: its views) and send its actions; return the policy's outputs
+        and the step as the buffer will store it."""
+        with self.stopwatch.time("rollout.inference"):
+            out = self._act(inputs)
+        step = {key: inputs[key] for key in self.observed}
+        step.update({key: out[key] for key in self.policy_keys})
+        with self.stopwatch.time("rollout.env"):
+            self.env.send(group, step[keys.ACTIONS])
+        return out, step
+
     def _act(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's outputs for the live step's tensors ``inputs``: the kept per-step outputs and the next state
         [N, ...]. The policy writes into a shallow copy, so ``inputs`` keeps only the live step's tensors."""
@@ -203,9 +270,13 @@ class Rollout:
             step[key] = out[key]
         return TensorDict(step, batch_size=[self.num_agents], device=self.device) if self.hooked else step
 
-    def _advance(self, result: TensorDict, out: dict[str, torch.Tensor]) -> None:
-        """Copy the env's new observation and the policy's next state into the live step."""
-        for live, source in self.sources:
+    def _advance(
+        self, result: TensorDict, out: dict[str, torch.Tensor], live_views: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Copy the env's new observation and the policy's next state into the live step (into ``live_views``, one
+        group's views of the live step's inputs, when the step was that group's)."""
+        sources = self.sources if live_views is None else [(live_views[k], s) for k, s in self.source_keys]
+        for live, source in sources:
             if source == keys.EPISODE_START:
                 torch.logical_or(result[keys.TERMINATED], result[keys.TRUNCATED], out=live)
             elif source in out:
@@ -216,11 +287,11 @@ class Rollout:
     def _final_values(self, result: TensorDict, out: dict[str, torch.Tensor]) -> torch.Tensor:
         """V(FINAL_OBS) where an agent was truncated, else 0: float32 [N]. The final observation continues the
         episode the state belongs to, so the policy sees it with that state and no reset."""
+        n = result.batch_size[0]  # N, or one group's agents
         if keys.FINAL_OBS not in result.keys():  # no truncation on this step (a key check, not a device read)
-            return torch.zeros(self.num_agents, device=self.device)
+            return torch.zeros(n, device=self.device)
         final = TensorDict(
-            {keys.OBS: result[keys.FINAL_OBS], keys.EPISODE_START: torch.zeros(self.num_agents, device=self.device)},
-            batch_size=[self.num_agents],
+            {keys.OBS: result[keys.FINAL_OBS], keys.EPISODE_START: torch.zeros(n, device=self.device)}, batch_size=[n]
         )
         final.update({key: out[keys.NEXT_STATE[key]] for key in self.state_keys})
         values = self.act(final)[keys.VALUES]

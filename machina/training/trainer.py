@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from machina import checks
-from machina.errors import ConfigError, Interrupted, TrainingStopped
+from machina.errors import ConfigError, EnvFailed, Interrupted, TrainingStopped
 from machina.files.saved_state import within
 from machina.logging.sink import Sink
 from machina.logging.stopwatch import Stopwatch
@@ -206,6 +206,15 @@ class Trainer:
                         )
                 if saved_epoch != self.epoch:
                     self._save()
+            except EnvFailed as err:
+                # The policy and optimizer are those of the last finished epoch: checkpoint them (the env's engine,
+                # whose episodes are lost, starts new ones on resume), so nothing trained is lost.
+                if saved_epoch != self.epoch:
+                    self._save()
+                raise EnvFailed(
+                    f"{err}; stopped in epoch {self.epoch + 1}: {self._kept()}, a start with the same run folder "
+                    "(hydra.run.dir) resumes from it"
+                ) from None
             except KeyboardInterrupt:
                 raise Interrupted(
                     f"interrupted twice at agent step {self.agent_step}: the unfinished epoch is not checkpointed; "

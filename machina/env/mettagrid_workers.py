@@ -1,0 +1,173 @@
+"""Where ``MettaGridEnv``'s envs step: in this process (``Local``) or in worker processes (``Workers``), behind one
+interface: ``start(command, group)`` begins a command (``mettagrid_sims``: STEP, START_ALL, RESTART) on one group
+of envs (or ``ALL_GROUPS``) and ``finish()`` waits until the oldest command started is done (workers run commands
+in the order sent, so two groups can be in flight at once).
+
+Workers share the batch arrays through one ``multiprocessing`` ``RawArray`` mapped by every process (nothing is
+pickled per step: a command is two bytes through a ``Pipe``). Worker w steps a contiguous part of EACH group's
+envs, so every worker is busy whichever group steps. Workers are started by forkserver (spawn where there is no
+forkserver), never forked from a process whose torch threads may be running. A worker that dies or whose engine
+raised makes ``finish`` raise ``EnvFailed`` (no busy wait: ``multiprocessing.connection.wait`` on the pipes and the
+processes' sentinels); workers ignore SIGINT, exit when the parent closes their pipe or dies, and ``close`` (also
+run at garbage collection and interpreter exit) stops and joins them.
+"""
+
+import contextlib
+import ctypes
+import multiprocessing
+import signal
+import weakref
+from multiprocessing.connection import wait
+
+from machina.env import mettagrid_sims
+from machina.env.mettagrid_sims import ALL_GROUPS, QUIT, Sims
+from machina.errors import EnvFailed
+
+REPLY_TIMEOUT_S = 600.0  # a command unanswered this long means a hung engine
+
+
+def group_parts(num_envs: int, groups: int, workers: int) -> list[list[range]]:
+    """Per worker, its contiguous part of each group's envs (group g holds envs [g * E / G, (g + 1) * E / G))."""
+    size = num_envs // groups
+    return [
+        [range(g * size + w * size // workers, g * size + (w + 1) * size // workers) for g in range(groups)]
+        for w in range(workers)
+    ]
+
+
+class Local:
+    """The envs stepped in this process (one ``Sims`` over all of them; one group)."""
+
+    pids: tuple[int, ...] = ()
+
+    def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays):
+        self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays)
+        self.run = {mettagrid_sims.STEP: self.sims.step, mettagrid_sims.START_ALL: self.sims.start_all}
+        self.run[mettagrid_sims.RESTART] = self.sims.restart
+
+    def start(self, command: bytes, group: int) -> None:
+        self.run[command]()
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Workers:
+    """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``)."""
+
+    def __init__(self, workers: int, groups: int, buffer, layout: dict, cfg, num_envs: int, seed: int,
+                 stagger: bool, stats: tuple[str, ...]):  # fmt: skip
+        ctx = context()
+        self.conns, self.procs = [], []
+        for parts in group_parts(num_envs, groups, workers):
+            parent, child = ctx.Pipe()
+            args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats)
+            proc = ctx.Process(target=mettagrid_sims.serve, args=args, daemon=True, name="machina-env-worker")
+            proc.start()
+            child.close()  # the worker holds the only other end: its end closing is our EOF, and ours is its
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self.pids = tuple(proc.pid for proc in self.procs)
+        self.messages = {
+            (command, group): bytes((command[0], group))
+            for command in (mettagrid_sims.STEP, mettagrid_sims.START_ALL, mettagrid_sims.RESTART)
+            for group in (*range(groups), ALL_GROUPS)
+        }
+        self.failed: str | None = None
+        self.pending = 0  # commands sent and not yet answered
+        self._finalizer = weakref.finalize(self, shutdown, self.procs, self.conns)
+
+    def start(self, command: bytes, group: int) -> None:
+        """Send ``command`` for ``group`` to every worker."""
+        if self.failed:
+            raise EnvFailed(self.failed)
+        message = self.messages[command, group]
+        for w, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(message)
+            except OSError:  # its end is closed: the worker died
+                self.procs[w].join(1.0)
+                self._fail(w, "")
+        self.pending += 1
+
+    def finish(self) -> None:
+        """Wait for every worker's answer to the oldest command sent; EnvFailed if one died or its engine raised."""
+        if not self.pending:
+            return
+        self.pending -= 1
+        waiting = dict(enumerate(self.conns))
+        sentinels = {proc.sentinel: w for w, proc in enumerate(self.procs)}
+        while waiting:
+            ready = wait([*waiting.values(), *(s for s, w in sentinels.items() if w in waiting)], REPLY_TIMEOUT_S)
+            if not ready:
+                w = next(iter(waiting))
+                self._fail(w, f"did not answer within {REPLY_TIMEOUT_S:.0f} s")
+            for w, conn in list(waiting.items()):
+                if conn in ready:  # an answer (or the EOF of a worker that died) comes before its sentinel
+                    try:
+                        error = conn.recv_bytes()
+                    except (EOFError, OSError):
+                        self.procs[w].join(1.0)
+                        self._fail(w, "")
+                    if error:
+                        self._fail(w, f"its engine raised {error.decode(errors='replace')}")
+                    del waiting[w]
+            for sentinel in ready:
+                if sentinel in sentinels and sentinels[sentinel] in waiting:
+                    self._fail(sentinels[sentinel], "")
+
+    def _fail(self, w: int, why: str) -> None:
+        proc = self.procs[w]
+        if not why:
+            code = proc.exitcode
+            died = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            why = f"died ({died})"
+        self.failed = f"MettaGrid env worker {w + 1} of {len(self.procs)} (pid {proc.pid}) {why}"
+        raise EnvFailed(self.failed)
+
+    def close(self) -> None:
+        """Stop and join every worker (idempotent)."""
+        self._finalizer()
+
+
+def shutdown(procs: list, conns: list) -> None:
+    """Ask each worker to quit, close the pipes, and join (terminating, then killing, a worker that lingers)."""
+    for conn in conns:
+        with contextlib.suppress(OSError):  # a worker that died has closed its end
+            conn.send_bytes(bytes((QUIT[0], 0)))
+        conn.close()
+    for proc in procs:
+        proc.join(2.0)
+        if proc.exitcode is None:
+            proc.terminate()
+            proc.join(1.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+
+
+def worker_count(workers: int | str, envs_per_group: int, cores: int) -> int:
+    """Processes for the ``workers`` setting: at most one per env of a group; ``auto``: one per core but one, at
+    least one."""
+    wanted = max(cores - 1, 1) if workers == "auto" else int(workers)
+    return min(wanted, envs_per_group)
+
+
+def context():
+    """The multiprocessing context workers start from: forkserver where there is one (a server process imports the
+    stepping core once, then forks each worker from itself, never from the trainer), else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # "__main__" (the default) has the server import the main module once; Pythons without the fix of CPython issue
+    # 126631 (3.13.8 and later have it) ignore it, so each worker imports the main module itself (train.py: torch).
+    ctx.set_forkserver_preload(["__main__", "machina.env.mettagrid_sims"])
+    return ctx
+
+
+def shared_buffer(size: int):
+    """``size`` bytes of shared memory (zeroed) that workers started from ``context()`` map too."""
+    return context().RawArray(ctypes.c_uint8, size)
