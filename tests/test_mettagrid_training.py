@@ -12,7 +12,7 @@ import pytest
 
 from machina.run import train
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import ROOT, compose_config
+from tests.conftest import ROOT, compose_config, run_train
 from tests.test_checkpoint import reporting
 from tests.test_eval import run_eval
 from tests.test_mettagrid_workers import alive
@@ -111,3 +111,14 @@ def test_a_run_on_a_game_file_is_evaluated_on_that_game_and_a_game_file_that_is_
     gone = subprocess.run(eval_py, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert gone.returncode == 2
     assert f"env.game={game}" in gone.stdout + gone.stderr
+
+
+def test_a_refused_game_file_stops_train_py_before_anything_is_written(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("game:\n  map_builder: {type: os.system, command: touch pwned}\n")
+    run_dir = tmp_path / "run"
+    done = run_train(["env=mettagrid", f"env.game={evil}", f"hydra.run.dir={run_dir}", "wandb=disabled"], cwd=tmp_path)
+    assert done.returncode == 2
+    refusal = "game.map_builder.type='os.system' is not one of MettaGrid's map builders or scenes"
+    assert refusal in done.stdout + done.stderr
+    assert not run_dir.exists() and not (tmp_path / "pwned").exists()

@@ -59,6 +59,15 @@ def test_an_unknown_key_without_a_close_one_lists_the_keys_next_to_it():
     )
 
 
+def test_eval_py_says_how_to_change_a_setting_of_the_run_s_env_that_its_own_env_lacks(monkeypatch):
+    """eval.yaml composes machina_1's env; a MettaGrid run's game is changed with +env.game=..."""
+    monkeypatch.setattr("sys.argv", ["eval.py"])
+    with pytest.raises(ConfigError) as err:
+        check(["checkpoint=RUN", "env.game=dungeon"], CONF, "eval")
+    assert "no key 'env.game' in the config" in str(err.value)
+    assert "add it: +env.game=dungeon" in str(err.value)
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -215,6 +215,9 @@ def unknown_key(key: str, override: str, paths: set[str]) -> str:
             parent = parent.rpartition(".")[0]
         hint = f"; keys {'under ' + parent if parent else 'at the top'}: {', '.join(children(parent, paths))}"
     program = Path(sys.argv[0]).name if sys.argv[0].endswith(".py") else "train.py"
+    if program == "eval.py" and key.startswith("env.") and not override.startswith("+"):
+        # eval.yaml composes machina_1's env; the evaluated run's env (MettaGrid's game, Gymnasium's id) may differ.
+        hint += f"; to change a setting of the run's own env that eval.yaml's env lacks, add it: +{override}"
     return f"{override}: no key '{key}' in the config{hint} ('python {program} --cfg job' prints them all)"
 
 
