@@ -1,5 +1,13 @@
 """Errors that machina reports to the user as a message, not a traceback."""
 
+MAX_REASON = 300  # characters of a quoted error kept in a one-line message
+
+
+def one_line(text: object) -> str:
+    """``text`` (an error's message, say) on one line: whitespace runs to one space, at most ``MAX_REASON``
+    characters (pybind11 and pydantic messages span many lines)."""
+    return " ".join(str(text).split())[:MAX_REASON]
+
 
 class ConfigError(ValueError):
     """A setting is invalid; the message names the setting to change."""

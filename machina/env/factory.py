@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from machina.env.base import Env
-from machina.errors import ConfigError
+from machina.errors import ConfigError, one_line
 from machina.files.stored_config import check_plain, shorten
 
 # _target_ (as conf/env/*.yaml spells it) -> (module, class): the envs a node read from a file may name.
@@ -77,7 +77,7 @@ def env_factory(
         except ConfigError:
             raise
         except (TypeError, ValueError) as err:  # a value of the wrong type or range the class does not name itself
-            why = " ".join(str(err).split())[:300]  # one line: pybind11's messages list signatures over many
+            why = one_line(err)  # pybind11's messages list signatures over many lines
             raise ConfigError(f"{cls.__name__} refuses its env settings ({type(err).__name__}: {why})") from None
 
     return make_env

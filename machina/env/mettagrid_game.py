@@ -59,7 +59,7 @@ from mettagrid.mapgen.scenes.make_connected import MakeConnected
 from mettagrid.mapgen.scenes.random import Random
 
 from machina.env import game_file
-from machina.errors import ConfigError
+from machina.errors import ConfigError, one_line
 
 # Agent stats (per agent, summed over an env's agents at episode end) that machina reports as episode stats.
 ORE_STAT, HEART_STAT, COIN_STAT = "ore.mined", "heart.made", "coin.taken"
@@ -278,7 +278,7 @@ def dump(game: str, out: str, pairs: list[str]) -> str:
     try:
         cfg = fn(**kwargs)
     except (TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-        raise ConfigError(f"{game} {' '.join(pairs)}: {' '.join(str(err).split())[:300]}") from None
+        raise ConfigError(f"{game} {' '.join(pairs)}: {one_line(err)}") from None
     if not isinstance(cfg, MettaGridConfig):
         raise ConfigError(f"{game} returned a {type(cfg).__name__}, not a MettaGridConfig")
     if kwargs:

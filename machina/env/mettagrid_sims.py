@@ -22,6 +22,8 @@ import signal
 import numpy as np
 from mettagrid.simulator.simulator import Buffers, Simulation
 
+from machina.errors import one_line
+
 GLOBAL_LOCATION = 0xFE  # MettaGrid's location byte for non-spatial tokens
 SEED_STRIDE = 1_000_000  # map / simulation seeds of env e are base_e + episode, base_e = (seed * E + e) * stride
 # Commands a worker takes, one byte each, followed by a group byte: step a group, start every env afresh (reset),
@@ -121,6 +123,10 @@ class Sims:
         self.first_len = np.zeros(n, dtype=np.int64)
         self.staggered: list[int] = []  # envs whose first episode is still running to its staggered end
 
+    def run(self, command: bytes) -> None:
+        """The command ``command`` (STEP, START_ALL or RESTART) on these envs."""
+        {STEP: self.step, START_ALL: self.start_all, RESTART: self.restart}[command]()
+
     def start_all(self) -> None:
         """Every env afresh (new maps, staggered first episodes), its episode counter kept."""
         if self.stagger:
@@ -202,11 +208,6 @@ class Sims:
         np.copyto(loc, self.centre, where=is_global)
 
 
-def one_line(err: BaseException) -> str:
-    """``Type: message`` on one line, at most 300 characters."""
-    return " ".join(f"{type(err).__name__}: {err}".split())[:300]
-
-
 def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_envs: int, seed: int, stagger: bool,
           stats: tuple[str, ...]) -> None:  # fmt: skip
     """A worker's loop (``mettagrid_workers``): the envs of ``parts`` (one range per group) in the shared
@@ -219,7 +220,7 @@ def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_e
         groups = [Sims(cfg, part, num_envs, seed, stagger, stats, arrays) for part in parts]
         error = b""
     except Exception as err:  # reported with the first answer
-        error = one_line(err).encode()
+        error = one_line(f"{type(err).__name__}: {err}").encode()
     while True:
         try:
             message = conn.recv_bytes()
@@ -231,14 +232,9 @@ def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_e
         if not error:
             try:
                 for sims in groups if group == ALL_GROUPS else (groups[group],):
-                    if command == STEP:
-                        sims.step()
-                    elif command == START_ALL:
-                        sims.start_all()
-                    else:
-                        sims.restart()
+                    sims.run(command)
             except Exception as err:
-                error = one_line(err).encode()
+                error = one_line(f"{type(err).__name__}: {err}").encode()
         try:
             conn.send_bytes(error)
         except OSError:

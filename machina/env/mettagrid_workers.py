@@ -42,11 +42,9 @@ class Local:
 
     def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays):
         self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays)
-        self.run = {mettagrid_sims.STEP: self.sims.step, mettagrid_sims.START_ALL: self.sims.start_all}
-        self.run[mettagrid_sims.RESTART] = self.sims.restart
 
     def start(self, command: bytes, group: int) -> None:
-        self.run[command]()
+        self.sims.run(command)
 
     def finish(self) -> None:
         pass

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from machina.env.spec import ObsSpec
-from machina.errors import ConfigError, TrainingStopped
+from machina.errors import ConfigError, TrainingStopped, one_line
 from machina.files import checksum
 from machina.files.atomic import atomic_write
 from machina.files.saved_state import within
@@ -133,7 +133,7 @@ class Checkpointer:
             write_file(self.directory / f"policy_{name}", payload)
             write_file(path, checksum.seal(state))
         except OSError as err:
-            reason = " ".join(str(err.strerror or err).split())[:300]
+            reason = one_line(err.strerror or err)
             raise TrainingStopped(
                 f"cannot write checkpoint {str(path)!r} ({reason}); free disk space or make the folder writable, "
                 f"then rerun the same command to resume ({self._kept()})"
@@ -200,7 +200,7 @@ class Checkpointer:
                 if changed
                 else "no env setting changed: the file was edited, or written by another machina version"
             )
-            raise ConfigError(f"{where} does not fit this run ({' '.join(str(err).split())[:300]}); {advice}") from None
+            raise ConfigError(f"{where} does not fit this run ({one_line(err)}); {advice}") from None
         if own is not None:
             restore_rng(own["rng"])
         if len(ranks) != distributed.world_size():

@@ -154,7 +154,7 @@ class Rollout:
         for loss in self.losses.values():
             loss.on_rollout_start(progress)
         if self.groups > 1:
-            return self._run_overlapped()
+            return self._run_overlapped(progress)
         steps = 0
         while not exp.full:
             if self.whole_step is not None:
@@ -171,28 +171,19 @@ class Rollout:
                         loss.on_rollout_step(step, progress)
                 with sw.time("rollout.env"):
                     result = self.env.step(step[keys.ACTIONS])
-            with sw.time("rollout.hooks"):
-                for key in OUTCOME_KEYS:
-                    step[key] = result[key]
-                if self.bootstrap_truncations:
-                    step[keys.FINAL_VALUES] = self._final_values(result, out)
-                for loss in self.losses.values():
-                    loss.on_env_step(step, progress)
-            with sw.time("rollout.store"):
-                exp.store(step, self.live)
-                self._advance(result, out)
+            self._record(step, result, out, progress)
             steps += self.num_agents
         with sw.time("rollout.inference"):
             exp.store_last_values(self.act(dict(self.inputs))[keys.VALUES])
         return steps
 
-    def _run_overlapped(self) -> int:
+    def _run_overlapped(self, progress: Progress) -> int:
         """``_run`` for an env of two groups: while the env steps one group, the policy acts on the other. Per group
         g, in turn: receive g's step, store it (its slice of the buffer's column), advance g's live step, act on it
         and send g's actions. Each group sees exactly the steps of ``_run``; only the order of the policy's random
         draws differs (one draw per group), so a seed gives the same run for a fixed group count."""
         with self._cores_left_to_workers():
-            return self._steps_overlapped()
+            return self._steps_overlapped(progress)
 
     @contextmanager
     def _cores_left_to_workers(self) -> Iterator[None]:
@@ -209,7 +200,7 @@ class Rollout:
         finally:
             torch.set_num_threads(threads)
 
-    def _steps_overlapped(self) -> int:
+    def _steps_overlapped(self, progress: Progress) -> int:
         exp, sw = self.experience, self.stopwatch
         views = [{key: value[agents] for key, value in self.inputs.items()} for agents in self.group_agents]
         pending = [self._send(g, views[g]) for g in range(self.groups)]
@@ -219,19 +210,35 @@ class Rollout:
                 out, step = pending[g]
                 with sw.time("rollout.env"):
                     result = self.env.recv(g)
-                with sw.time("rollout.hooks"):
-                    for key in OUTCOME_KEYS:
-                        step[key] = result[key]
-                    if self.bootstrap_truncations:
-                        step[keys.FINAL_VALUES] = self._final_values(result, out)
-                with sw.time("rollout.store"):
-                    exp.store(step, views[g], agents)
-                    self._advance(result, out, views[g])
+                self._record(step, result, out, progress, views[g], agents)
                 if t + 1 < steps:
                     pending[g] = self._send(g, views[g])
         with sw.time("rollout.inference"):
             exp.store_last_values(self.act(dict(self.inputs))[keys.VALUES])
         return steps * self.num_agents
+
+    def _record(
+        self,
+        step: TensorDict | dict[str, torch.Tensor],
+        result: TensorDict,
+        out: dict[str, torch.Tensor],
+        progress: Progress,
+        live_views: dict[str, torch.Tensor] | None = None,
+        agents: slice | None = None,
+    ) -> None:
+        """Complete ``step`` with the env's ``result`` for its action (outcome, V(final observation) on truncations,
+        the losses' ``on_env_step``), store it and advance the live step: all agents', or one group's (``agents``,
+        with ``live_views`` its views of the live step)."""
+        with self.stopwatch.time("rollout.hooks"):
+            for key in OUTCOME_KEYS:
+                step[key] = result[key]
+            if self.bootstrap_truncations:
+                step[keys.FINAL_VALUES] = self._final_values(result, out)
+            for loss in self.losses.values():
+                loss.on_env_step(step, progress)
+        with self.stopwatch.time("rollout.store"):
+            self.experience.store(step, self.live if live_views is None else live_views, agents)
+            self._advance(result, out, live_views)
 
     def _send(self, group: int, inputs: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         """Act on ``group``'s live step (``inputs``: its views) and send its actions; return the policy's outputs
