@@ -74,10 +74,10 @@ def test_a_region_that_cannot_hold_the_map_is_refused(region, match):
 def test_configure_changes_the_maps_of_episodes_that_start_after_it_only():
     env = Machina1Env(num_envs=8, max_steps=5, stagger=False, outputs={keys.TEACHER_ACTIONS})
     noop = torch.zeros(env.num_agents, dtype=torch.int64)
-    assert env.settings() == {"region_size": None}
+    assert env.settings() == {"region_size": None, "inventory_cap": 4}
     env.step(noop)
     env.configure(region_size=6)
-    assert env.settings() == {"region_size": 6}
+    assert env.settings() == {"region_size": 6, "inventory_cap": 4}
     env.prepare_rollout(4)  # as the trainer does before the rollout that follows
     for _ in range(3):  # the episodes under way finish on their full maps
         env.step(noop)
@@ -90,6 +90,35 @@ def test_configure_changes_the_maps_of_episodes_that_start_after_it_only():
         env.configure(height=7)
 
 
+def test_a_lowered_inventory_cap_stops_gathering_and_crafting_at_it_from_the_next_step():
+    """The rules (machina/env/machina_1.py): an extractor gives a unit only below the cap, the assembler crafts only
+    while hearts are below it. A curriculum's cap applies to every agent from the next step, the observation keeps
+    the built cap's norms, and a cap above the built one (or not an integer) is refused."""
+    rows = ["#######", "#0C&=.#", "#..1..#", "#2...3#", "#######"]
+    east, north = 2, 1
+    env = Machina1Env.from_ascii(rows, max_steps=1000, extractor_cooldown=0, seed=0)
+    spec = env.spec
+    env.configure(inventory_cap=1)
+    assert env.settings() == {"region_size": None, "inventory_cap": 1}
+    assert env.spec == spec  # the observation's inventory norms stay those of the built cap (4)
+    for _ in range(3):  # agent 0 into the carbon extractor (no cooldown) three times: one unit, then the cap
+        env.step(torch.tensor([east, 0, 0, 0]))
+    assert env.state["inv"][0, 0].tolist() == [1, 0, 0, 0, 0]
+    env.state["inv"][0, 1] = torch.tensor([1, 1, 1, 1, 1])  # agent 1, below the assembler, already holds a heart
+    env.step(torch.tensor([0, north, 0, 0]))
+    assert env.state["inv"][0, 1].tolist() == [1, 1, 1, 1, 1]  # no room for a second heart
+    env.state["inv"][0, 1, 4] = 0
+    env.step(torch.tensor([0, north, 0, 0]))
+    assert env.state["inv"][0, 1].tolist() == [0, 0, 0, 0, 1]
+    env.configure(inventory_cap=4)
+    env.step(torch.tensor([east, 0, 0, 0]))
+    assert env.state["inv"][0, 0].tolist() == [2, 0, 0, 0, 0]
+    for bad in (0, 5, 2.0, True):
+        with pytest.raises(ConfigError, match=r"env.inventory_cap=.* must be an integer in 1..4"):
+            env.configure(inventory_cap=bad)
+    assert env.settings()["inventory_cap"] == 4
+
+
 def test_curriculum_stages_are_a_function_of_the_agent_step():
     env = Machina1Env(num_envs=2)
     stages = [{"until": 100, "env": {"region_size": 5}}, {"until": 300, "env": {"region_size": 8}}]
@@ -98,7 +127,7 @@ def test_curriculum_stages_are_a_function_of_the_agent_step():
     assert [curriculum.settings(s)["region_size"] for s in (0, 150, 300)] == [5, 8, None]
     for step, region in ((0, 5), (50, 5), (150, 8), (400, None), (0, 5)):  # a resume may go back: it re-applies
         curriculum.apply(step)
-        assert env.settings() == {"region_size": region}
+        assert env.settings() == {"region_size": region, "inventory_cap": 4}
 
 
 @pytest.mark.parametrize(
@@ -110,7 +139,7 @@ def test_curriculum_stages_are_a_function_of_the_agent_step():
         ([{"until": 1.5, "env": {"region_size": 5}}], "until=1.5"),
         ([{"until": 200, "env": {"region_size": 5}}, {"until": 200, "env": {"region_size": 6}}], r"\[1\].until=200"),
         ([{"until": 100, "env": {}}], "non-empty mapping"),
-        ([{"until": 100, "env": {"max_steps": 50}}], r"sets \['max_steps'\].*can change \['region_size'\]"),
+        ([{"until": 100, "env": {"max_steps": 50}}], r"sets \['max_steps'\].*\['inventory_cap', 'region_size'\]"),
         ([{"until": 100, "env": {"region_size": 7}}, {"until": 200, "env": {"region_size": 3}}], r"\[1\].env: .*3x3"),
     ],
 )
@@ -132,7 +161,7 @@ def test_a_stage_the_env_refuses_stops_the_run_before_it_writes_anything(tmp_pat
     assert not run_dir.exists()  # a refused command leaves no folder behind
     env = Machina1Env(num_envs=2)
     Curriculum([{"until": 100, "env": {"region_size": 7}}], env)
-    assert env.settings() == {"region_size": None}  # checking the stages leaves the env's own settings
+    assert env.settings() == {"region_size": None, "inventory_cap": 4}  # checking the stages leaves the env's own
 
 
 def test_an_env_without_schedulable_settings_refuses_a_curriculum():
@@ -176,7 +205,7 @@ def test_training_runs_each_stage_on_its_maps_logs_the_stage_and_ends_on_the_def
     assert [row["curriculum/stage"] for row in sink.rows] == [0, 1, 1]
     assert (pool_maps[0] == 25).all()  # the episodes the first epoch's resets started from
     assert (pool_maps[1] == 121).all() and (pool_maps[2] == 121).all()
-    assert trainer.env.settings() == {"region_size": None}
+    assert trainer.env.settings() == {"region_size": None, "inventory_cap": 4}
 
 
 @pytest.mark.parametrize("resume_after", [1, 2])

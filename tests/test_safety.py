@@ -244,7 +244,8 @@ def test_resume_takes_the_new_optimizer_settings_and_the_saved_moments(trained, 
         assert torch.equal(trainer.optimizer.state[param]["exp_avg"], saved[index]["exp_avg"])
         assert torch.equal(trainer.optimizer.state[param]["exp_avg_sq"], saved[index]["exp_avg_sq"])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(w.endswith("optimizer.lr: 0.001 -> 0.0005") for w in warnings), warnings
+    trained_lr = OmegaConf.load(trained / "resolved_config.yaml").optimizer.lr
+    assert any(w.endswith(f"optimizer.lr: {trained_lr} -> 0.0005") for w in warnings), warnings
     assert any(w.endswith(f"trainer.total_timesteps: {2 * EPOCH} -> {3 * EPOCH}") for w in warnings), warnings
 
 

@@ -37,12 +37,29 @@ from tests.wandb_reader import find_runs, read_run
 TINY = ["debug=tiny"]
 
 
-def test_debug_tiny_is_a_seconds_long_run_of_the_recipe_and_experiment_debug_is_the_same():
+def test_debug_tiny_is_a_seconds_long_run_of_the_recipe_and_experiment_debug_is_the_same_but_its_curriculum():
     debug, recipe = compose_config(TINY), compose_config([])
     assert debug.trainer.total_timesteps == 3 * debug.experience.batch_size == 3072
     assert debug.env.num_envs * debug.env.agents_per_env * debug.experience.bptt_horizon == 1024
     assert debug.losses == recipe.losses and debug.policy == recipe.policy  # only sizes change
-    assert compose_config(["experiment=debug"]) == debug  # the quick start's spelling
+    assert debug.optimizer == recipe.optimizer and debug.trainer.curriculum == recipe.trainer.curriculum
+    # The quick start's spelling: the same run, without the main job's map-size curriculum (written for
+    # env=machina_1 only, experiments/env/machina_1_machina_1.yaml), so that it checks any env.
+    quick = compose_config(["experiment=debug"])
+    assert len(debug.trainer.curriculum) == 2 and list(quick.trainer.curriculum) == []
+    quick.trainer.curriculum = debug.trainer.curriculum
+    assert quick == debug
+
+
+def test_the_main_jobs_curriculum_comes_with_its_env_only():
+    """experiments/env/<experiment>_<env>.yaml applies to that pair only: the main job on another env, or another
+    preset on machina_1, composes without the machina_1 curriculum, and the main job's other settings stay."""
+    main = compose_config([])
+    assert [stage["env"]["region_size"] for stage in main.trainer.curriculum] == [7, 9]
+    for overrides in (["env=gymnasium"], ["env=mettagrid"], ["experiment=machina_1_dagger"]):
+        other = compose_config(overrides)
+        assert list(other.trainer.curriculum) == [], overrides
+    assert compose_config(["env=gymnasium"]).optimizer.lr == main.optimizer.lr == 0.0024
 
 
 def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dirs):

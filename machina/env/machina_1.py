@@ -63,7 +63,7 @@ from machina.env.grid import (
     feature_table,
 )
 from machina.env.machina_1_obs import TokenEncoder
-from machina.env.machina_1_settings import check_settings
+from machina.env.machina_1_settings import check_settings, is_int
 from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.env.step_buffers import StepBuffers
@@ -202,13 +202,15 @@ class Machina1Env(Env):
 
     def settings(self) -> dict[str, object]:
         """``region_size``: the side of the square of the interior that new layouts fill, the rest walled off
-        (None: the whole interior; ``layout.LayoutSampler``)."""
-        return {"region_size": self.sampler.region}
+        (None: the whole interior; ``layout.LayoutSampler``). ``inventory_cap``: the most of each item an agent can
+        gather or craft to, at most the cap the env was built with (which sets the observation's inventory norms)."""
+        return {"region_size": self.sampler.region, "inventory_cap": self.cap_now}
 
     def configure(self, **settings: object) -> None:
-        """Change ``settings()`` between rollouts (a curriculum). They take effect at the next ``prepare_rollout``,
-        which regenerates every pool row the rollout can take: every episode that starts from then on uses them, the
-        episodes under way finish on their maps. No random draw happens here, so a resumed run that re-applies its
+        """Change ``settings()`` between rollouts (a curriculum). ``region_size`` takes effect at the next
+        ``prepare_rollout``, which regenerates every pool row the rollout can take: every episode that starts from
+        then on uses it, the episodes under way finish on their maps. ``inventory_cap`` takes effect at the next step,
+        in every episode. No random draw happens here, so a resumed run that re-applies its
         stage continues exactly like the uninterrupted one."""
         unknown = sorted(set(settings) - set(self.settings()))
         if unknown:
@@ -218,6 +220,17 @@ class Machina1Env(Env):
             )
         if "region_size" in settings:
             self.sampler.set_region(settings["region_size"])
+        if "inventory_cap" in settings:
+            cap = settings["inventory_cap"]
+            if not is_int(cap) or not 1 <= cap <= self.inventory_cap:
+                raise ConfigError(
+                    f"env.inventory_cap={cap!r} during training must be an integer in 1..{self.inventory_cap} (the "
+                    "cap the env was built with, which sets the observation's inventory norms)"
+                )
+            # A tensor filled in place, so that a step captured in a CUDA graph reads the new cap too. Agents holding
+            # more keep it; they cannot gather or craft more of that item until they are below the cap.
+            self.cap.fill_(cap)
+            self.cap_now = cap
 
     def observe(self) -> TensorDict:
         """The current observation TensorDict (zero rewards, no episode ends), as ``reset`` returns it."""
@@ -254,7 +267,7 @@ class Machina1Env(Env):
         torch.gather(s["ext_of_cell"], 1, w.target, out=w.slot)
         torch.gather(s["cooldown"], 1, w.slot, out=w.gain).eq_(0)  # ready; never on the last slot (no extractor)
         torch.take(self.resource_slot, w.kind, out=w.resource)
-        torch.gather(s["inv"], 2, w.resource3, out=w.room3).lt_(self.inventory_cap)
+        torch.gather(s["inv"], 2, w.resource3, out=w.room3).lt_(self.cap)
         w.gain.mul_(w.room).mul_(w.free)
         s["inv"].scatter_add_(2, w.resource3, w.gain3)
         s["cooldown"].scatter_reduce_(1, w.slot, torch.mul(w.gain, self.extractor_cooldown, out=w.cool), "amax")
@@ -264,7 +277,7 @@ class Machina1Env(Env):
         for held in self.held[2:]:
             torch.minimum(w.has_all, held, out=w.has_all)
         torch.minimum(w.has_all, self.one, out=w.has_all)
-        torch.lt(self.hearts, self.inventory_cap, out=w.room)
+        torch.lt(self.hearts, self.cap, out=w.room)
         torch.eq(w.kind, ASSEMBLER, out=w.craft).mul_(w.free).mul_(w.has_all).mul_(w.room)
         s["inv"].addcmul_(w.craft3, self.recipe)
         torch.eq(w.kind, CHEST, out=w.deposit).mul_(w.free).mul_(self.hearts)
@@ -362,6 +375,7 @@ class Machina1Env(Env):
     def _constants(self, extractor_cooldown: int, inventory_cap: int, num_vibes: int) -> None:
         dev, a, x = self.device, self.agents_per_env, self.num_extractors
         self.extractor_cooldown, self.inventory_cap = extractor_cooldown, inventory_cap
+        self.cap_now, self.cap = inventory_cap, torch.tensor(inventory_cap, device=dev)  # a curriculum may lower it
         self.deltas = self.geom.move_deltas(dev)
         self.action_delta = torch.cat([self.deltas, self.deltas.new_zeros(num_vibes)])  # int64 [num_actions]
         self.max_action = torch.tensor(self.num_actions - 1, device=dev)

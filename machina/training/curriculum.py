@@ -75,7 +75,8 @@ class Curriculum:
         try:
             self.env.configure(**settings)
         except ConfigError as err:
-            raise ConfigError(f"{where}.env: {err}") from None
+            # The main job's stages are written for the default map: name the way out on a smaller one.
+            raise ConfigError(f"{where}.env: {err} (trainer.curriculum=[] trains without the curriculum)") from None
         finally:
             self.env.configure(**self.defaults)
 
