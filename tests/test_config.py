@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from machina.errors import ConfigError
 from machina.startup.build import build_losses
-from tests.conftest import CONF, ROOT, compose_config
+from tests.conftest import CONF, ROOT, compose_config, run_train
 
 GROUPS = ["env", "policy", "losses", "experience", "system", "trainer", "optimizer", "wandb"]
 
@@ -88,6 +88,18 @@ def test_a_preset_tuning_a_loss_that_is_left_out_says_how_to_drop_it():
     assert "losses.supervisor.enabled=false" in message and "\n" not in message
     dropped = compose_config(["experiment=machina_1_dagger", "losses.supervisor.enabled=false"])
     assert list(build_losses(dropped.losses)) == ["ppo"]
+
+
+def test_train_py_refuses_a_left_out_loss_with_that_message_and_writes_nothing(tmp_path):
+    """The derived emit_full_log_probs reads the losses before they are built: it must pass over the left-out loss's
+    settings (no _target_) so that the command stops with the message above, not an interpolation error."""
+    run_dir = tmp_path / "run"
+    result = run_train(["experiment=machina_1_dagger", "losses=[ppo]", "debug=tiny", f"hydra.run.dir={run_dir}"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "ConfigError: losses.supervisor has settings but no _target_" in output, output[-2000:]
+    assert "Traceback" not in output and "interpolation" not in output
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("option", options("optimizer"))

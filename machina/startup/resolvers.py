@@ -17,10 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def enabled_loss_classes(losses: DictConfig | None) -> dict[str, type]:
-    """Map each enabled loss name to its class (``_target_``), in config order."""
+    """Map each enabled loss name to its class (``_target_``), in config order. A node without ``_target_`` holds
+    settings of a loss the command did not select (a preset tuning it, then ``losses=[...]`` leaving it out): it is
+    no loss here, and ``machina.startup.build.build_losses`` refuses it with a message that says so."""
     if losses is None:
         return {}
-    return {name: get_class(node["_target_"]) for name, node in losses.items() if node.get("enabled", True)}
+    selected = {name: node for name, node in losses.items() if "_target_" in node and node.get("enabled", True)}
+    return {name: get_class(node["_target_"]) for name, node in selected.items()}
 
 
 def consumes(key: str, losses: DictConfig | None) -> bool:
