@@ -210,8 +210,8 @@ class Machina1Env(Env):
         """Change ``settings()`` between rollouts (a curriculum). ``region_size`` takes effect at the next
         ``prepare_rollout``, which regenerates every pool row the rollout can take: every episode that starts from
         then on uses it, the episodes under way finish on their maps. ``inventory_cap`` takes effect at the next step,
-        in every episode. No random draw happens here, so a resumed run that re-applies its
-        stage continues exactly like the uninterrupted one."""
+        in every episode. No random draw happens here, so a resumed run that re-applies its stage continues exactly
+        like the uninterrupted one."""
         unknown = sorted(set(settings) - set(self.settings()))
         if unknown:
             raise ConfigError(

@@ -22,8 +22,11 @@ def enabled_loss_classes(losses: DictConfig | None) -> dict[str, type]:
     no loss here, and ``machina.startup.build.build_losses`` refuses it with a message that says so."""
     if losses is None:
         return {}
-    selected = {name: node for name, node in losses.items() if "_target_" in node and node.get("enabled", True)}
-    return {name: get_class(node["_target_"]) for name, node in selected.items()}
+    return {
+        name: get_class(node["_target_"])
+        for name, node in losses.items()
+        if "_target_" in node and node.get("enabled", True)
+    }
 
 
 def consumes(key: str, losses: DictConfig | None) -> bool:
