@@ -10,6 +10,7 @@ no-op. Launching, and which settings are per rank: docs/distributed.md.
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -27,6 +28,7 @@ from machina.errors import ConfigError, TrainingStopped
 # A peer that dies is caught sooner: torchrun stops the whole job as soon as one rank exits with an error.
 TIMEOUT_ENV = "MACHINA_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
+WORKER_DRAIN_S = 0.2  # see leave_group: many times the interpreter's 5 ms GIL switch interval
 
 
 @contextmanager
@@ -47,7 +49,19 @@ def process_group(device_name: str) -> Iterator[None]:
         logging.getLogger().setLevel(logging.WARNING)
     yield
     # Only on success: after a failure the peers may be gone, and the process is exiting anyway.
+    leave_group()
+
+
+def leave_group() -> None:
+    """Destroy the process group just before the process exits.
+
+    gloo runs each collective on a worker thread that, once the collective is done, drops its tensors, which takes
+    the GIL. A run's last collective ends a few milliseconds before the interpreter exits; a worker still waiting
+    for the GIL then is stopped by the interpreter's finalization, and the C++ frames it unwinds through abort the
+    process ("terminate called without an active exception", about one run in ten on two CPU ranks). Releasing the
+    GIL for a moment lets the workers finish first."""
     dist.destroy_process_group()
+    time.sleep(WORKER_DRAIN_S)
 
 
 def ranks_from_slurm() -> None:
@@ -159,7 +173,7 @@ def decided_by_main(decide: Callable[[], Any]) -> Any:
     if outcome == "refused":
         # Every rank stops here: leave the group together, so no rank sees its peer vanish mid-collective.
         dist.barrier()
-        dist.destroy_process_group()
+        leave_group()
         raise ConfigError(value)
     return value
 
