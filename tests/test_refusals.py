@@ -18,6 +18,8 @@ REFUSED = [
     (["optimizer.eps=-1e-8"], "optimizer.eps=-1e-08 must be a finite number >= 0"),
     (["optimizer.eps=nan"], "optimizer.eps=nan must be a finite number >= 0"),
     (["losses=[]"], "losses=[] enables no loss"),
+    (["learner.average_horizon=-1"], "learner.average_horizon=-1 must be an integer >= 0"),
+    (["learner.average_horizon=1.5"], "learner.average_horizon=1.5 has the wrong type"),
 ]
 
 

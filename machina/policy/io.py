@@ -38,7 +38,8 @@ def policy_payload(
             "architecture": architecture(policy_config),
             "obs_spec": obs_spec_to_dict(obs_spec),
             "num_actions": int(policy.num_actions),
-            "state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
+            # Copies: on the CPU .cpu() would alias the live weights, which may change before the payload is saved.
+            "state_dict": {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()},
         }
     )
 

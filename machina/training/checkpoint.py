@@ -6,9 +6,11 @@ Layout of ``<run_dir>/checkpoints/`` (epochs zero-padded to 6 digits, so names s
                             (``losses.eer_kickstarter.teacher.path``) and evaluation read them
 A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=True)`` reads it:
     format              "machina.checkpoint/2"
-    policy              a policy file's payload (architecture + weights)
+    policy              a policy file's payload (architecture + weights): the policy the run produces, the same as
+                        policy_<epoch>.pt (with learner.average_horizon, the average of the weights)
     trainer             Trainer.state_dict(): epoch and agent_step after the epoch's update, the per-epoch history
                         (agent_step / reward / SPS, so the run summary spans resumes) and the learner's optimizer
+                        (and, with a weight average, the policy's own training weights and the average's count)
     ranks               per rank, Trainer.local_state_dict() (env, rollout, losses) and its RNG states (torch,
                         CUDA, numpy, python), gathered by rank 0, which alone writes
     wandb_run_id        the W&B run a resume continues (None when W&B was off)
@@ -120,7 +122,8 @@ class Checkpointer:
         if ranks is None:  # not rank 0
             self.latest = path
             return path
-        payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
+        with trainer.learner.averaged_weights():
+            payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
         state = {
             "format": FORMAT,
             "policy": payload,

@@ -10,7 +10,8 @@ with a ConfigError naming the file and the entry, anything but what ``Checkpoint
     trainer.agent_step      an integer >= 0
     trainer.history         a list of mappings of names to numbers (one per epoch)
     trainer.learner         {"optimizer": {"state": {int: {name: tensor}}, "param_groups": [{"params": [int], ...}]}},
-                            every floating-point tensor finite
+                            every floating-point tensor finite; with a weight average also "average": {"updates":
+                            int >= 0, "training_weights": {name: tensor}} (checked against the policy on restore)
     ranks                   a non-empty list of {"env": {name: tensor}, "rollout": {"step": packed, "state": packed},
                             "losses": {name: mapping}, "rng": RNG states (``state.check_rng``)}
     wandb_run_id            None or a W&B run id: 1 to 64 letters, digits, "-" or "_"
@@ -68,7 +69,9 @@ def _check_trainer(trainer: dict[str, Any]) -> None:
         )
         if not numbers:
             raise ConfigError(f"history[{index}] is {saved_state.describe(row)}, not a mapping of names to numbers")
-    learner = saved_state.mapping(trainer["learner"], "learner", ("optimizer",))
+    learner = saved_state.mapping(trainer["learner"], "learner")
+    if set(learner) not in ({"optimizer"}, {"optimizer", "average"}):
+        raise ConfigError(f"learner has the entries {sorted(learner)}, not optimizer and an optional average")
     with within("learner."):
         _check_optimizer(learner["optimizer"])
 

@@ -11,6 +11,7 @@ gradients over the ranks during backward.
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from tensordict import TensorDict
@@ -18,8 +19,6 @@ from torch import nn
 
 from machina import checks, keys
 from machina.errors import ConfigError
-from machina.files import saved_state
-from machina.files.saved_state import within
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.policy.inputs import training_input
@@ -27,9 +26,8 @@ from machina.progress import Progress
 from machina.training import distributed
 from machina.training.execution import Execution
 from machina.training.experience import Experience
-
-# Optimizer state entries that are never negative (step counts, second moments): a negative one makes NaN weights.
-NONNEGATIVE = ("step", "exp_avg_sq", "max_exp_avg_sq")
+from machina.training.optimizer_state import check_optimizer_state
+from machina.training.weight_average import WeightAverage, restore_training_weights
 
 
 class Learner:
@@ -45,6 +43,9 @@ class Learner:
         max_grad_norm: global gradient-norm clip.
         target_kl: stop the epoch's remaining update passes once a pass's mean ``approx_kl`` (PPO's metric)
             exceeds it (CleanRL's ``target_kl``); costs one host read per update pass. None: never.
+        average_horizon: agent steps: the time constant of an exponential average of the policy's weights over
+            epochs (``machina.training.weight_average``), which is then the policy the run produces
+            (``averaged_weights``); 0: no average, the run produces the policy's own weights.
     """
 
     def __init__(
@@ -60,11 +61,13 @@ class Learner:
         update_epochs: int = 1,
         max_grad_norm: float = 0.5,
         target_kl: float | None = None,
+        average_horizon: int = 0,
     ):
         checks.integer("learner.update_epochs", update_epochs, 1)
         checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
         if target_kl is not None:
             checks.number("learner.target_kl", target_kl, 0, math.inf)
+        checks.integer("learner.average_horizon", average_horizon, 0)
         if not losses:
             raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
@@ -77,19 +80,34 @@ class Learner:
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
         self.minibatches = 0
         self.trained_at: Progress | None = None  # the schedule of the last update (loss_check)
+        epoch_steps = experience.batch_size * distributed.world_size()
+        self.average = WeightAverage(policy, average_horizon, epoch_steps) if average_horizon else None
         # The compiled or graphed whole update (None: eager, each phase timed apart).
         self.whole_update = self.execution.update(
             self._update, policy, optimizer, losses, single_process=self.model is self.policy
         )
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict()}
+        """The optimizer's state, and with a weight average its ``state_dict`` under ``average`` (the training
+        weights: the checkpoint's policy entry then holds the average)."""
+        state = {"optimizer": self.optimizer.state_dict()}
+        if self.average is not None:
+            state["average"] = self.average.state_dict()
+        return state
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore the optimizer's state (moment estimates, step counts) but keep this run's hyper-parameters (lr,
         eps, betas, weight decay: every param_group entry but ``params``): the configured values win, so a changed
-        ``optimizer.lr`` takes effect on resume. The saved state is checked first (``check_optimizer_state``)."""
+        ``optimizer.lr`` takes effect on resume. The saved state is checked first (``check_optimizer_state``).
+
+        The policy holds the checkpoint's policy entry when this runs (``Checkpointer.restore``). A saved
+        ``average`` puts its training weights back into the policy, and the loaded weights become this run's
+        average (when it has one); a run that starts averaging on resume starts its average at the next epoch."""
         check_optimizer_state(self.optimizer, saved["optimizer"])
+        if "average" in saved and self.average is not None:
+            self.average.load_state_dict(saved["average"])
+        elif "average" in saved:
+            restore_training_weights(self.policy, saved["average"])
         settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(saved["optimizer"])
         for group, fresh in zip(self.optimizer.param_groups, settings, strict=True):
@@ -113,9 +131,16 @@ class Learner:
         return dict(zip(terms, torch.stack(list(terms.values())).float().tolist(), strict=True))
 
     def run(self, progress: Progress) -> None:
-        """Train on the full buffer: ``prepare`` then ``update``."""
+        """Train on the full buffer: ``prepare`` then ``update``, then fold the new weights into the average."""
         self.prepare()
         self.update(progress)
+        if self.average is not None:
+            self.average.update()
+
+    def averaged_weights(self) -> AbstractContextManager:
+        """A block in which the policy holds the weights the run produces: the average with ``average_horizon``,
+        else its own (a block that changes nothing). Evaluation, replays and policy files run inside it."""
+        return self.average.applied() if self.average is not None else nullcontext()
 
     def prepare(self) -> None:
         """The epoch's work before its minibatches: the experience's training view (with ``compact_tokens``, the
@@ -275,43 +300,6 @@ class Learner:
                 host[name] = value
         self.sums, self.once, self.minibatches = {}, {}, 0
         return device, host
-
-
-def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Refuse saved optimizer state that ``optimizer`` could not step from, naming the entry (ConfigError): its groups
-    must list as many parameter ids as this optimizer's, each id once; each parameter's state must be empty or hold
-    exactly the entries a fresh step of this optimizer makes, floating point and finite, of the parameter's shape (or
-    0-d where the fresh one is: a step count), and >= 0 for ``NONNEGATIVE`` entries."""
-    groups, state = saved["param_groups"], saved["state"]
-    counts, own = [len(g["params"]) for g in groups], [len(g["params"]) for g in optimizer.param_groups]
-    if counts != own:
-        raise ConfigError(f"optimizer.param_groups hold {counts} parameters, this policy's optimizer {own}")
-    ids = [index for group in groups for index in group["params"]]
-    if len(set(ids)) != len(ids) or not set(state) <= set(ids):
-        raise ConfigError("optimizer.param_groups do not list each parameter of optimizer.state once")
-    for saved_group, group in zip(groups, optimizer.param_groups, strict=True):
-        fresh = fresh_state(optimizer, group)
-        for index, param in zip(saved_group["params"], group["params"], strict=True):
-            entries = state.get(index, {})
-            if entries and set(entries) != set(fresh):
-                raise ConfigError(f"optimizer.state.{index} holds {sorted(entries)}, expected {sorted(fresh)}")
-            for key, value in entries.items():
-                if not value.is_floating_point():
-                    raise ConfigError(f"optimizer.state.{index}.{key} has dtype {value.dtype}, not a floating one")
-                shape = tuple(param.shape) if fresh[key].dim() else ()
-                with within(f"optimizer.state.{index}."):
-                    saved_state.tensor(entries, key, shape, value.dtype, 0 if key in NONNEGATIVE else None)
-
-
-def fresh_state(optimizer: torch.optim.Optimizer, group: dict) -> dict[str, torch.Tensor]:
-    """The state one step of a throwaway ``type(optimizer)`` with ``group``'s settings makes for a parameter of shape
-    [2]: which entries a parameter's state holds, and which of them are 0-d."""
-    first = group["params"][0]
-    probe = torch.zeros(2, dtype=first.dtype, device=first.device, requires_grad=True)
-    probe.grad = torch.zeros_like(probe)
-    throwaway = type(optimizer)([{**group, "params": [probe]}])
-    throwaway.step()
-    return throwaway.state[probe]
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:

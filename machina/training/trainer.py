@@ -248,13 +248,19 @@ class Trainer:
         start = time.perf_counter()
         metrics = {}
         last = self.agent_step >= self.total_timesteps
-        if self.eval_interval and (self.epoch % self.eval_interval == 0 or last):
-            metrics.update(self.evaluator.evaluate(self.policy))
-        if self.replay_interval and (self.epoch % self.replay_interval == 0 or last):
-            path = self.evaluator.replay(self.policy, self.epoch)
-            if path is not None:
-                for sink in self.sinks:
-                    sink.log_media("eval/replay", path, self.agent_step)
+        evaluate = self.eval_interval and (self.epoch % self.eval_interval == 0 or last)
+        replay = self.replay_interval and (self.epoch % self.replay_interval == 0 or last)
+        if not (evaluate or replay):
+            return {}
+        path = None
+        with self.learner.averaged_weights():  # the policy the run produces is what is evaluated
+            if evaluate:
+                metrics.update(self.evaluator.evaluate(self.policy))
+            if replay:
+                path = self.evaluator.replay(self.policy, self.epoch)
+        if path is not None:
+            for sink in self.sinks:
+                sink.log_media("eval/replay", path, self.agent_step)
         if metrics:
             metrics["timing/eval"] = time.perf_counter() - start
         return metrics

@@ -1,0 +1,103 @@
+"""An exponential moving average of the policy's weights over epochs (``learner.average_horizon``): with it on, the
+averaged weights are the policy the run produces (periodic evaluation, replays, ``policy_<epoch>.pt`` and the policy
+entry of each checkpoint), while training goes on from the policy's own weights.
+
+Why: at a constant learning rate the weights keep moving about a good region rather than settling in it, so the
+policy of any one epoch is a noisy draw. Averaging the iterates (Polyak and Juditsky, 1992; the exponential average
+of Polyak-Ruppert averaging) keeps the region and drops the noise; docs/learning.md measures what it gives.
+
+After the update of epoch n (n = 1, 2, ...), with the policy's weights theta_n:
+
+    avg_n = sum_{k=1..n} d^(n-k) theta_k / sum_{k=1..n} d^(n-k),    d = exp(-epoch_steps / horizon)
+
+``epoch_steps`` being the agent steps of an epoch (every rank's) and ``horizon`` the average's time constant in agent
+steps. It is kept recursively, avg_n = avg_{n-1} + w_n (theta_n - avg_{n-1}) with w_n = (1 - d) / (1 - d^n): the
+first epoch's weights are taken whole (w_1 = 1), so the random initial weights never enter the average (the same
+correction as Adam's for its moment estimates).
+"""
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from machina.files import saved_state
+from machina.files.saved_state import within
+
+
+class WeightAverage:
+    """The average of ``policy``'s parameters (its buffers are not averaged: they are not trained).
+
+    Args:
+        policy: the module whose parameters are averaged (the policy itself, not a DDP wrapper).
+        horizon: the average's time constant in agent steps (> 0).
+        epoch_steps: agent steps per epoch, every rank's.
+    """
+
+    def __init__(self, policy: nn.Module, horizon: int, epoch_steps: int):
+        self.params = dict(policy.named_parameters())
+        self.decay = math.exp(-epoch_steps / horizon)
+        self.averaged = {name: param.detach().clone() for name, param in self.params.items()}
+        self.updates = 0
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Fold the policy's current weights in (after each epoch's update); no host read."""
+        self.updates += 1
+        weight = (1.0 - self.decay) / (1.0 - self.decay**self.updates)
+        for name, param in self.params.items():
+            self.averaged[name].lerp_(param, weight)
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """The policy holds the averaged weights inside the block and its own again after it, even if the block
+        raises. In place, so a compiled or graphed policy plays the average without being built again."""
+        with torch.no_grad():
+            own = {name: param.detach().clone() for name, param in self.params.items()}
+            for name, param in self.params.items():
+                param.copy_(self.averaged[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.copy_(own[name])
+
+    def state_dict(self) -> dict:
+        """The policy's own (training) weights and the update count. The average itself is what the checkpoint's
+        ``policy`` entry holds (``Checkpointer.save`` writes it inside ``applied``), so it is not stored twice."""
+        return {
+            "updates": self.updates,
+            "training_weights": {name: param.detach().clone() for name, param in self.params.items()},
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, saved: dict) -> None:
+        """Restore from ``state_dict``'s output, the policy holding the checkpoint's ``policy`` entry (the average,
+        loaded first by ``Checkpointer.restore``): that becomes the average, and the saved training weights go back
+        into the policy. Shapes, dtypes and finiteness are checked first."""
+        self.updates, weights = checked(saved, self.params)
+        for name, param in self.params.items():
+            self.averaged[name].copy_(param)
+            param.copy_(weights[name])
+
+
+def restore_training_weights(policy: nn.Module, saved: dict) -> None:
+    """Put a checkpoint's training weights (``WeightAverage.state_dict``) back into ``policy`` when this run does not
+    average: training goes on from the weights that trained, not from their average."""
+    params = dict(policy.named_parameters())
+    _, weights = checked(saved, params)
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(weights[name])
+
+
+def checked(saved: dict, params: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
+    """(update count, training weights) of a saved ``WeightAverage.state_dict``, refused (ConfigError naming the
+    entry) unless the weights are ``params``' names, shapes and dtypes, and finite."""
+    saved = saved_state.mapping(saved, "average", ("updates", "training_weights"))
+    with within("average."):
+        updates = saved_state.integer(saved["updates"], "updates", 0)
+        return updates, saved_state.like(saved["training_weights"], params, "training_weights")
