@@ -138,7 +138,10 @@ def edited(source, target, change) -> str:
             lambda learner: learner["average"]["training_weights"].pop("actor.net.0.bias"),
             "average.training_weights has the entries",
         ),
-        (lambda learner: learner.update(extra={}), "not optimizer and an optional average"),
+        (
+            lambda learner: learner.update(extra={}),
+            "learner has the entries ['average', 'extra', 'optimizer']: missing [], unexpected ['extra']",
+        ),
     ],
 )
 def test_an_edited_average_in_a_checkpoint_is_refused(averaged_run, tmp_path, change, expected):

@@ -33,12 +33,13 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def mapping(value: Any, name: str, keys: tuple[str, ...] | None = None) -> dict:
-    """``value``, which must be a dict with string keys (exactly ``keys`` when given)."""
+def mapping(value: Any, name: str, keys: tuple[str, ...] | None = None, optional: tuple[str, ...] = ()) -> dict:
+    """``value``, which must be a dict with string keys (when ``keys`` is given: all of ``keys``, and no others but
+    ``optional``)."""
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise ConfigError(f"{name} is {describe(value)}, not a mapping of names")
-    if keys is not None and set(value) != set(keys):
-        missing, extra = sorted(set(keys) - set(value)), sorted(set(value) - set(keys))
+    if keys is not None and not set(keys) <= set(value) <= set(keys) | set(optional):
+        missing, extra = sorted(set(keys) - set(value)), sorted(set(value) - set(keys) - set(optional))
         raise ConfigError(f"{name} has the entries {sorted(value)}: missing {missing}, unexpected {extra}")
     return value
 

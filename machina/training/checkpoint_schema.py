@@ -69,9 +69,7 @@ def _check_trainer(trainer: dict[str, Any]) -> None:
         )
         if not numbers:
             raise ConfigError(f"history[{index}] is {saved_state.describe(row)}, not a mapping of names to numbers")
-    learner = saved_state.mapping(trainer["learner"], "learner")
-    if set(learner) not in ({"optimizer"}, {"optimizer", "average"}):
-        raise ConfigError(f"learner has the entries {sorted(learner)}, not optimizer and an optional average")
+    learner = saved_state.mapping(trainer["learner"], "learner", ("optimizer",), optional=("average",))
     with within("learner."):
         _check_optimizer(learner["optimizer"])
 
