@@ -1,0 +1,61 @@
+"""benchmarks/carry.py: the share of heart-carrying moves that bring an agent closer to the chest, which tells a policy
+that carries its hearts from one that moves at random while it holds them (docs/learning.md)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from machina import keys
+from machina.env.grid import HEART
+from machina.env.machina_1 import Machina1Env
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "carry.py"
+spec = importlib.util.spec_from_file_location("carry", SCRIPT)
+carry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(carry)
+
+
+def env() -> Machina1Env:
+    return Machina1Env(num_envs=48, seed=7, stagger=False, outputs=frozenset({keys.TEACHER_ACTIONS}))
+
+
+def test_the_teacher_heads_for_the_chest_and_a_random_carrier_does_not():
+    """The teacher's rule is 'holding a heart -> walk to the chest': most of its moves then shorten the distance. The
+    same teacher with uniform random moves (actions 1-4) whenever it holds a heart gathers and crafts as it does, but
+    carries at random: at most half of a random move's directions shorten a Manhattan distance (two of four when the
+    chest is off both axes, one when it is on one)."""
+    teacher_env = env()
+    heading = carry.carry_stats(teacher_env, lambda step: step[keys.TEACHER_ACTIONS], 150)
+    generator = torch.Generator().manual_seed(0)
+    random_env = env()
+
+    def random_carrier(step):
+        holding = random_env.state["inv"][..., HEART].flatten() >= 1
+        moves = torch.randint(1, 5, holding.shape, generator=generator)
+        return torch.where(holding, moves, step[keys.TEACHER_ACTIONS])
+
+    wandering = carry.carry_stats(random_env, random_carrier, 150)
+    assert heading["holding"] > 0.05 and wandering["holding"] > 0.05, (heading, wandering)
+    assert min(heading["moves_in_view"], wandering["moves_in_view"], wandering["moves_out_of_view"]) > 1000
+    assert heading["moves_out_of_view"] > 200
+    # Out of view the teacher walks its shortest path; in view it also steps round the agents crowding the chest.
+    assert heading["closer_out_of_view"] > 0.65 and wandering["closer_out_of_view"] < 0.56, (heading, wandering)
+    assert heading["closer_in_view"] > wandering["closer_in_view"] + 0.05, (heading, wandering)
+    assert wandering["closer_in_view"] < 0.52, wandering
+    # Beside the chest the teacher always moves into it (unless a lower agent slot takes the cell first); a random
+    # move is the chest's direction one time in four.
+    assert heading["deposits_beside"] > 0.9 and wandering["deposits_beside"] < 0.45, (heading, wandering)
+    assert 0 < heading["chest_in_view"] <= 1
+
+
+def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "give a policy file, or --teacher" in result.stderr
+    missing = tmp_path / "nope.pt"
+    result = subprocess.run([sys.executable, str(SCRIPT), str(missing)], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(missing) in result.stderr
