@@ -20,12 +20,12 @@ from machina import keys
 from machina.env.grid import CHEST, HEART, RADIUS
 from machina.env.machina_1 import Machina1Env
 from machina.errors import ConfigError
-from machina.evaluation.actors import PolicyActor, teacher_actor
+from machina.evaluation.actors import Actor, PolicyActor, teacher_actor
 from machina.evaluation.episodes import play
 from machina.policy.io import load_policy
 
 
-def carry_stats(env: Machina1Env, actor, steps: int) -> dict[str, float]:
+def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
     """Play ``steps`` steps of ``env`` with ``actor`` from a reset and return the shares described above."""
     names = ("steps", "holding", "in_view", "moves_in_view", "closer_in_view", "moves_out", "closer_out", "beside")
     sums = dict.fromkeys((*names, "deposited_beside"), 0)
@@ -79,7 +79,10 @@ def main() -> None:
     if args.teacher == bool(args.policy):
         parser.error("give a policy file, or --teacher")
     torch.manual_seed(0)  # the policy's sampled actions
-    env = Machina1Env(num_envs=args.envs, seed=args.seed, stagger=False, outputs=frozenset({keys.TEACHER_ACTIONS}))
+    try:
+        env = Machina1Env(num_envs=args.envs, seed=args.seed, stagger=False, outputs=frozenset({keys.TEACHER_ACTIONS}))
+    except ConfigError as err:
+        parser.error(f"--envs / --seed: {err}")
     if args.teacher:
         actor = teacher_actor
     else:

@@ -64,6 +64,8 @@ def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), str(missing)], capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert str(missing) in result.stderr
+    result = subprocess.run([sys.executable, str(SCRIPT), "--teacher", "--envs", "0"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "num_envs=0" in result.stderr
 
 
 def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_path):
