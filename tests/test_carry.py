@@ -7,15 +7,11 @@ import sys
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from machina import keys
 from machina.env.grid import HEART
 from machina.env.machina_1 import Machina1Env
-from machina.policy.io import policy_payload
-from tests.conftest import compose_config
-from tests.test_checkpoint import TINY, random_policy_file
+from tests.test_checkpoint import random_policy_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "carry.py"
 spec = importlib.util.spec_from_file_location("carry", SCRIPT)
@@ -85,11 +81,7 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
         "moves_out_of_view",
     }, printed
     assert all(0 <= float(value) <= 1 for name, value in printed.items() if not name.startswith("moves_"))
-    cfg = compose_config([*TINY, "env.max_tokens=64"])
-    other_env = instantiate(cfg.env)
-    policy = instantiate(cfg.policy, obs_spec=other_env.spec.obs, num_actions=other_env.spec.num_actions)
-    other = tmp_path / "other.pt"
-    torch.save(policy_payload(policy, OmegaConf.to_container(cfg.policy, resolve=True), other_env.spec.obs), other)
+    other = random_policy_file(tmp_path / "other.pt", ["env.max_tokens=64"])
     result = subprocess.run([sys.executable, str(SCRIPT), str(other)], capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "not the default machina_1 env's" in result.stderr

@@ -75,9 +75,9 @@ def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("timing/") and "sps" not in k} for r in rows]
 
 
-def random_policy_file(path):
-    """Write a policy file with random weights (TINY's policy and env) to ``path``; return ``path``."""
-    cfg = compose_config(TINY)
+def random_policy_file(path, overrides=()):
+    """Write a policy file with random weights (TINY's policy and env, with ``overrides``) to ``path``; return it."""
+    cfg = compose_config([*TINY, *overrides])
     env = instantiate(cfg.env)  # only its spec is read
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
     torch.save(policy_payload(policy, OmegaConf.to_container(cfg.policy, resolve=True), env.spec.obs), path)
