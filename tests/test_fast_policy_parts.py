@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from machina.env.spec import PAD_TOKEN, ObsSpec
-from machina.keys import CELL, CORE, ENCODED, EPISODE_START, HIDDEN, NEXT_CELL, NEXT_HIDDEN
+from machina.keys import CELL, CORE, ENCODED, EPISODE_START, HIDDEN, NEXT_CELL, NEXT_HIDDEN, OBS
 from machina.policy.bag_encoder import TokenBagEncoder
 from machina.policy.bag_sum import bag_sum
 from machina.policy.component import PolicyDims
@@ -35,10 +35,11 @@ def tokens(count: int, seed: int = 0) -> torch.Tensor:
     return obs
 
 
-def bag_by_definition(table: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+def bag_by_definition(table: torch.Tensor, obs: torch.Tensor, axes: tuple | None = None) -> torch.Tensor:
     """The encoder docstring's sum, token by token: a categorical feature owns ``(norm + 1) * cells`` rows, one per
     (value clamped to norm, cell), weighted 1; a scaled feature owns ``cells`` rows weighted value / norm; features
-    own consecutive blocks in id order; padding and unknown ids add nothing."""
+    own consecutive blocks in id order; padding and unknown ids add nothing. ``axes``: (rows [levels, window, D],
+    columns [levels, window, D]), the row of a (feature, value)'s window row and column, added to its cell's row."""
     cells = SPEC.window**2
     sizes = [(int(n) + 1) * cells if n <= 16 else cells for n in SPEC.feature_norms]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -53,7 +54,11 @@ def bag_by_definition(table: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
                 row, weight = starts[feature] + min(value, int(norm)) * cells + cell, 1.0
             else:
                 row, weight = starts[feature] + cell, value / norm
-            out[i] += weight * table[row]
+            embedding = table[row]
+            if axes is not None:
+                level = (row - cell) // cells  # the (feature, value) block the row lies in
+                embedding = embedding + axes[0][level, location >> 4] + axes[1][level, location & 0xF]
+            out[i] += weight * embedding
     return out
 
 
@@ -63,6 +68,55 @@ def test_token_bag_sums_one_table_row_per_token():
     table = encoder.bag.weight.detach()
     got = bag_sum(table, *encoder.token_rows(obs))
     torch.testing.assert_close(got, bag_by_definition(table, obs), rtol=1e-5, atol=1e-5)
+
+
+def test_axis_embeddings_add_the_row_and_column_of_each_tokens_line():
+    dims = PolicyDims(obs=SPEC, num_actions=3, widths={})
+    encoder = TokenBagEncoder(dims, embed_dim=8, hidden=8, axis_embeddings=True)
+    obs = tokens(64, seed=3)
+    plain = TokenBagEncoder(dims, embed_dim=8, hidden=8)
+    plain.load_state_dict(encoder.state_dict(), strict=False)
+    step = TensorDict({OBS: obs}, batch_size=[64])
+    before = [step.clone(), step.clone()]
+    encoder(before[0], None), plain(before[1], None)
+    torch.testing.assert_close(before[0][ENCODED], before[1][ENCODED])  # axis rows start at zero: the same policy
+
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        encoder.row_rows.normal_(generator=g)
+        encoder.column_rows.normal_(generator=g)
+    axes = (encoder.row_rows.detach()[:, :, 0], encoder.column_rows.detach()[:, 0])
+    got = bag_sum(encoder.table().detach(), *encoder.token_rows(obs))
+    torch.testing.assert_close(got, bag_by_definition(encoder.bag.weight.detach(), obs, axes), rtol=1e-5, atol=1e-5)
+
+
+def test_axis_embeddings_share_what_is_learned_about_a_cell_along_its_row_and_column():
+    """One gradient step on "ore at cell (1, 1)" moves the encoding of ore at (1, 4) and (3, 1) (the same row, the
+    same column) only with axis embeddings, and of ore at (3, 4) (neither) in neither encoder."""
+
+    def ore_at(dy: int, dx: int) -> torch.Tensor:
+        obs = torch.full((1, SPEC.max_tokens, 3), PAD_TOKEN, dtype=torch.uint8)
+        obs[0, 0] = torch.tensor([dy << 4 | dx, 1, 2])
+        return obs
+
+    cells = {"trained": ore_at(1, 1), "row": ore_at(1, 4), "column": ore_at(3, 1), "neither": ore_at(3, 4)}
+    moved = {}
+    for axis in (False, True):
+        torch.manual_seed(0)
+        encoder = TokenBagEncoder(PolicyDims(obs=SPEC, num_actions=3, widths={}), 8, 8, axis_embeddings=axis)
+
+        def encode(obs: torch.Tensor, encoder: TokenBagEncoder = encoder) -> torch.Tensor:
+            return bag_sum(encoder.table(), *encoder.token_rows(obs))
+
+        before = {name: encode(obs).detach() for name, obs in cells.items()}
+        encode(cells["trained"]).sum().backward()
+        with torch.no_grad():
+            for parameter in encoder.parameters():
+                if parameter.grad is not None:
+                    parameter -= 0.1 * parameter.grad
+        moved[axis] = {name: not torch.equal(encode(obs).detach(), before[name]) for name, obs in cells.items()}
+    assert moved[False] == {"trained": True, "row": False, "column": False, "neither": False}
+    assert moved[True] == {"trained": True, "row": True, "column": True, "neither": False}
 
 
 def test_bag_sum_gradient_equals_embedding_bags():

@@ -304,9 +304,9 @@ INCONSISTENT = {
         setter(*OPTIMIZER, "exp_avg", value=torch.zeros(3)),
         "trainer.learner.optimizer.state.0.exp_avg is missing or has the wrong shape",
     ),
-    "a negative second moment": (
-        setter(*OPTIMIZER, "exp_avg_sq", value=filled((0, 0), -1.0)),
-        "trainer.learner.optimizer.state.0.exp_avg_sq[0, 0] is -1.0, expected finite and >= 0",
+    "a negative second moment": (  # state 0: the policy's first parameter, the encoder's row_rows (4-D)
+        setter(*OPTIMIZER, "exp_avg_sq", value=filled((0, 0, 0, 0), -1.0)),
+        "trainer.learner.optimizer.state.0.exp_avg_sq[0, 0, 0, 0] is -1.0, expected finite and >= 0",
     ),
     "optimizer state without its moments": (
         setter(*OPTIMIZER[:-1], 0, value=lambda entries: {"step": entries["step"]}),

@@ -22,12 +22,26 @@ class TokenBagEncoder(Component):
     rows rather than one row at two scales. A feature with a wide range (episode progress) owns a row per window
     cell, weighted by value / feature_norm. Padding tokens (and unknown feature ids) get weight 0.
     A LayerNorm, ReLU and Linear + ReLU follow.
+
+    With ``axis_embeddings``, each (feature, value) also owns one row per window row and one per window column,
+    ``row_rows`` [blocks, window, 1, embed_dim] and ``column_rows`` [blocks, 1, window, embed_dim] (a block: the cell
+    rows of one (feature, value)), added to its cell rows: a token at cell (dy, dx) adds cell + row dy + column dx.
+    What is learned about something dy rows from the agent (the chest is up) is then shared by the window's cells on
+    that row, while the cell rows keep each cell's own meaning (a wall just there). They start at zero, so the first
+    policy is the one without them. Numbers on machina_1 in docs/learning.md.
     """
 
     in_keys = (OBS,)
     out_keys = (ENCODED,)
 
-    def __init__(self, dims: PolicyDims, embed_dim: int = 128, hidden: int = 128, categorical_max: int = 16) -> None:
+    def __init__(
+        self,
+        dims: PolicyDims,
+        embed_dim: int = 128,
+        hidden: int = 128,
+        categorical_max: int = 16,
+        axis_embeddings: bool = False,
+    ) -> None:
         super().__init__()
         spec = dims.obs
         assert spec.num_features <= PAD_TOKEN, "feature id 0xFF is reserved for padding"
@@ -41,6 +55,11 @@ class TokenBagEncoder(Component):
         # built on the meta device, reading no tensor (machina.policy.allowlist checks a file's sizes that way).
         table_rows = sum((int(norm) + 1 if norm <= categorical_max else 1) * cells for norm in spec.feature_norms)
         self.bag = nn.EmbeddingBag(table_rows, embed_dim, mode="sum")
+        self.axis_embeddings = axis_embeddings
+        if axis_embeddings:
+            blocks, window = table_rows // cells, spec.window  # one block of cell rows per (feature, value)
+            self.row_rows = nn.Parameter(torch.zeros(blocks, window, 1, embed_dim))
+            self.column_rows = nn.Parameter(torch.zeros(blocks, 1, window, embed_dim))
         row_offset = torch.zeros(BYTE_VALUES, dtype=torch.int64)
         row_offset[: spec.num_features] = offsets
         max_level = torch.zeros(BYTE_VALUES, dtype=torch.int64)
@@ -69,5 +88,13 @@ class TokenBagEncoder(Component):
         rows = torch.take(self.row_of, feature_value).add_(torch.take(self.cell_index, tokens[..., 0]))
         return rows, torch.take(self.weight_of, feature_value)
 
+    def table(self) -> torch.Tensor:
+        """float32 [rows, embed_dim]: the embedding row of every (feature, value, window cell), axis rows added."""
+        if not self.axis_embeddings:
+            return self.bag.weight
+        blocks, window, _, dim = self.row_rows.shape
+        cells = self.bag.weight.view(blocks, window, window, dim)
+        return (cells + self.row_rows + self.column_rows).view(-1, dim)
+
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
-        step[ENCODED] = self.mlp(bag_sum(self.bag.weight, *self.token_rows(step[OBS])))
+        step[ENCODED] = self.mlp(bag_sum(self.table(), *self.token_rows(step[OBS])))
