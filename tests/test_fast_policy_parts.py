@@ -35,11 +35,20 @@ def tokens(count: int, seed: int = 0) -> torch.Tensor:
     return obs
 
 
-def bag_by_definition(table: torch.Tensor, obs: torch.Tensor, axes: tuple | None = None) -> torch.Tensor:
+def bag_by_definition(
+    table: torch.Tensor,
+    obs: torch.Tensor,
+    axes: tuple | None = None,
+    directions: torch.Tensor | None = None,
+    distances: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The encoder docstring's sum, token by token: a categorical feature owns ``(norm + 1) * cells`` rows, one per
     (value clamped to norm, cell), weighted 1; a scaled feature owns ``cells`` rows weighted value / norm; features
     own consecutive blocks in id order; padding and unknown ids add nothing. ``axes``: (rows [levels, window, D],
-    columns [levels, window, D]), the row of a (feature, value)'s window row and column, added to its cell's row."""
+    columns [levels, window, D]), the row of a (feature, value)'s window row and column, added to its cell's row.
+    ``directions`` [levels, 3, 3, D]: the row of a (feature, value)'s direction from the window's centre, indexed by
+    (is the cell above, on or below the centre's row; left of, on or right of its column), added as well;
+    ``distances`` [levels, K, D]: the row of its Manhattan distance from the centre, added as well."""
     cells = SPEC.window**2
     sizes = [(int(n) + 1) * cells if n <= 16 else cells for n in SPEC.feature_norms]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -55,9 +64,16 @@ def bag_by_definition(table: torch.Tensor, obs: torch.Tensor, axes: tuple | None
             else:
                 row, weight = starts[feature] + cell, value / norm
             embedding = table[row]
-            if axes is not None:
-                level = (row - cell) // cells  # the (feature, value) block the row lies in
+            if axes is not None:  # level: the (feature, value) block the row lies in
+                level = (row - cell) // cells
                 embedding = embedding + axes[0][level, location >> 4] + axes[1][level, location & 0xF]
+            level, centre, dy, dx = (row - cell) // cells, SPEC.window // 2, location >> 4, location & 0xF
+            if directions is not None:
+                vertical = 0 if dy < centre else 1 if dy == centre else 2
+                horizontal = 0 if dx < centre else 1 if dx == centre else 2
+                embedding = embedding + directions[level, vertical, horizontal]
+            if distances is not None:
+                embedding = embedding + distances[level, abs(dy - centre) + abs(dx - centre)]
             out[i] += weight * embedding
     return out
 
@@ -90,20 +106,56 @@ def test_axis_embeddings_add_the_row_and_column_of_each_tokens_line():
     torch.testing.assert_close(got, bag_by_definition(encoder.bag.weight.detach(), obs, axes), rtol=1e-5, atol=1e-5)
 
 
-def test_axis_embeddings_share_what_is_learned_about_a_cell_along_its_row_and_column():
-    """One gradient step on "ore at cell (1, 1)" moves the encoding of ore at (1, 4) and (3, 1) (the same row, the
-    same column) only with axis embeddings, and of ore at (3, 4) (neither) in neither encoder."""
+def test_direction_and_distance_embeddings_add_the_rows_of_each_tokens_direction_and_distance_from_the_agent():
+    dims = PolicyDims(obs=SPEC, num_actions=3, widths={})
+    g = torch.Generator().manual_seed(5)
+    obs = tokens(64, seed=6)
+    for axis, direction, distance in ((False, True, False), (False, False, True), (True, True, True)):
+        shared = {"axis_embeddings": axis, "direction_embeddings": direction, "distance_embeddings": distance}
+        encoder = TokenBagEncoder(dims, embed_dim=8, hidden=8, **shared)
+        plain = TokenBagEncoder(dims, embed_dim=8, hidden=8)
+        plain.load_state_dict(encoder.state_dict(), strict=False)
+        torch.testing.assert_close(encoder.table(), plain.table())  # zero at the start: the same policy
+        with torch.no_grad():
+            for parameter in (p for name, p in encoder.named_parameters() if name.endswith("_rows")):
+                parameter.normal_(generator=g)
+        levels = encoder.bag.weight.shape[0] // SPEC.window**2
+        expected = bag_by_definition(
+            encoder.bag.weight.detach(),
+            obs,
+            (encoder.row_rows.detach()[:, :, 0], encoder.column_rows.detach()[:, 0]) if axis else None,
+            encoder.direction_rows.detach().view(levels, 3, 3, 8) if direction else None,  # documented order
+            encoder.distance_rows.detach() if distance else None,
+        )
+        got = bag_sum(encoder.table().detach(), *encoder.token_rows(obs))
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert encoder.table().shape == plain.table().shape
+
+
+def test_shared_rows_share_what_is_learned_about_a_cell_along_its_lines_its_direction_and_its_distance():
+    """One gradient step on "ore at cell (1, 1)" (up and left of the 5x5 window's centre (2, 2), 2 steps away) moves
+    the encoding of ore at (1, 4) and (4, 1) (the same row, the same column) only with axis embeddings, of ore at
+    (0, 0) (up and left) only with direction embeddings, of ore at (3, 3) (2 steps away) only with distance
+    embeddings, and of ore at (3, 4) (none of these) in no encoder."""
 
     def ore_at(dy: int, dx: int) -> torch.Tensor:
         obs = torch.full((1, SPEC.max_tokens, 3), PAD_TOKEN, dtype=torch.uint8)
         obs[0, 0] = torch.tensor([dy << 4 | dx, 1, 2])
         return obs
 
-    cells = {"trained": ore_at(1, 1), "row": ore_at(1, 4), "column": ore_at(3, 1), "neither": ore_at(3, 4)}
+    cells = {
+        "trained": ore_at(1, 1),
+        "row": ore_at(1, 4),
+        "column": ore_at(4, 1),
+        "direction": ore_at(0, 0),
+        "distance": ore_at(3, 3),
+        "none": ore_at(3, 4),
+    }
     moved = {}
-    for axis in (False, True):
+    for shared in (None, "axis", "direction", "distance"):
         torch.manual_seed(0)
-        encoder = TokenBagEncoder(PolicyDims(obs=SPEC, num_actions=3, widths={}), 8, 8, axis_embeddings=axis)
+        dims = PolicyDims(obs=SPEC, num_actions=3, widths={})
+        encoder = TokenBagEncoder(dims, 8, 8, **({f"{shared}_embeddings": True} if shared else {}))
 
         def encode(obs: torch.Tensor, encoder: TokenBagEncoder = encoder) -> torch.Tensor:
             return bag_sum(encoder.table(), *encoder.token_rows(obs))
@@ -114,9 +166,11 @@ def test_axis_embeddings_share_what_is_learned_about_a_cell_along_its_row_and_co
             for parameter in encoder.parameters():
                 if parameter.grad is not None:
                     parameter -= 0.1 * parameter.grad
-        moved[axis] = {name: not torch.equal(encode(obs).detach(), before[name]) for name, obs in cells.items()}
-    assert moved[False] == {"trained": True, "row": False, "column": False, "neither": False}
-    assert moved[True] == {"trained": True, "row": True, "column": True, "neither": False}
+        moved[shared] = {name for name, obs in cells.items() if not torch.equal(encode(obs).detach(), before[name])}
+    assert moved[None] == {"trained"}
+    assert moved["axis"] == {"trained", "row", "column"}
+    assert moved["direction"] == {"trained", "direction"}
+    assert moved["distance"] == {"trained", "distance"}
 
 
 def test_bag_sum_gradient_equals_embedding_bags():

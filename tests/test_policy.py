@@ -129,20 +129,27 @@ def test_a_policy_file_stores_no_emit_flag_and_its_loader_chooses_it(tmp_path, e
         load_policy(tmp_path / "edited.pt")
 
 
-def test_a_policy_file_written_before_axis_embeddings_loads_and_acts_as_saved(tmp_path):
-    """policy=fast's files from before ``encoder.axis_embeddings`` hold no such key and no axis rows: they build the
-    encoder without them and give the saved policy's outputs; today's files rebuild with them."""
-    for overrides, axis in ((["~policy.encoder.axis_embeddings"], False), ([], True)):
+def test_a_policy_file_written_before_axis_or_direction_embeddings_loads_and_acts_as_saved(tmp_path):
+    """policy=fast's files from before ``encoder.axis_embeddings`` (or ``encoder.direction_embeddings``) hold no such
+    key and no such rows: they build the encoder without them and give the saved policy's outputs; today's files
+    rebuild with them."""
+    without_axis = ["~policy.encoder.axis_embeddings", "~policy.encoder.direction_embeddings"]
+    for overrides, axis, direction in (
+        (without_axis, False, False),
+        (["~policy.encoder.direction_embeddings"], True, False),
+        ([], True, True),
+    ):
         cfg = compose_config(overrides)
         policy_config = OmegaConf.to_container(cfg.policy, resolve=True)
         policy = hydra.utils.instantiate(cfg.policy, obs_spec=SPEC, num_actions=NUM_ACTIONS).eval()
-        with torch.no_grad():  # the axis rows start at zero: make every weight matter to the outputs compared
+        with torch.no_grad():  # the axis and direction rows start at zero: make every weight matter to the outputs
             for parameter in policy.parameters():
                 parameter.normal_(0.0, 0.1)
         torch.save(policy_payload(policy, policy_config, SPEC), tmp_path / "policy.pt")
         loaded, _ = load_policy(tmp_path / "policy.pt")
         names = {name for name, _ in loaded.named_parameters()}
         assert ("encoder.row_rows" in names) is axis and ("encoder.column_rows" in names) is axis
+        assert ("encoder.direction_rows" in names) is direction
         obs, dones = random_obs(6, 3), torch.zeros(6, 3)
         with torch.no_grad():
             want, got = policy(sequence_td(policy, obs, dones)), loaded.eval()(sequence_td(loaded, obs, dones))

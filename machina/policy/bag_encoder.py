@@ -10,7 +10,15 @@ from machina.keys import ENCODED, OBS
 from machina.policy.bag_sum import bag_sum
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import layer_init
-from machina.policy.token_tables import BYTE_VALUES, cell_index_table, inverse_norm_table, scaled_value_table
+from machina.policy.token_tables import (
+    BYTE_VALUES,
+    cell_index_table,
+    direction_membership,
+    distance_membership,
+    inverse_norm_table,
+    line_membership,
+    scaled_value_table,
+)
 
 
 class TokenBagEncoder(Component):
@@ -29,6 +37,12 @@ class TokenBagEncoder(Component):
     What is learned about something dy rows from the agent (the chest is up) is then shared by the window's cells on
     that row, while the cell rows keep each cell's own meaning (a wall just there). They start at zero, so the first
     policy is the one without them. Numbers on machina_1 in docs/learning.md.
+
+    With ``direction_embeddings``, each (feature, value) also owns one row per direction from the agent (up-left, up,
+    up-right, left, its own cell, ..., down-right: the signs of dy and dx), ``direction_rows`` [blocks, 9, embed_dim];
+    with ``distance_embeddings``, one row per Manhattan distance from the agent, ``distance_rows`` [blocks, window,
+    embed_dim]. Both are added the same way: "the chest is up and to the left" and "the chest is 3 steps away" are
+    then one row each, shared by every cell in that direction or at that distance. Zero at the start as well.
     """
 
     in_keys = (OBS,)
@@ -41,6 +55,8 @@ class TokenBagEncoder(Component):
         hidden: int = 128,
         categorical_max: int = 16,
         axis_embeddings: bool = False,
+        direction_embeddings: bool = False,
+        distance_embeddings: bool = False,
     ) -> None:
         super().__init__()
         spec = dims.obs
@@ -56,10 +72,33 @@ class TokenBagEncoder(Component):
         table_rows = sum((int(norm) + 1 if norm <= categorical_max else 1) * cells for norm in spec.feature_norms)
         self.bag = nn.EmbeddingBag(table_rows, embed_dim, mode="sum")
         self.axis_embeddings = axis_embeddings
+        self.direction_embeddings, self.distance_embeddings = direction_embeddings, distance_embeddings
+        blocks, window = table_rows // cells, spec.window  # one block of cell rows per (feature, value)
+        memberships = []
         if axis_embeddings:
-            blocks, window = table_rows // cells, spec.window  # one block of cell rows per (feature, value)
             self.row_rows = nn.Parameter(torch.zeros(blocks, window, 1, embed_dim))
             self.column_rows = nn.Parameter(torch.zeros(blocks, 1, window, embed_dim))
+            memberships.append(line_membership(window))
+        if direction_embeddings:
+            self.direction_rows = nn.Parameter(torch.zeros(blocks, 9, embed_dim))
+            memberships.append(direction_membership(window))
+        if distance_embeddings:
+            self.distance_rows = nn.Parameter(torch.zeros(blocks, 2 * (window // 2) + 1, embed_dim))
+            memberships.append(distance_membership(window))
+        # The shared rows' names in the order of the membership's columns: [cells, groups] one-hot, so that adding
+        # every cell's shared rows is one batched matrix product (its gradient another; a gather's is a scatter).
+        self.shared = [
+            name
+            for name, on in (
+                ("row_rows", axis_embeddings),
+                ("column_rows", axis_embeddings),
+                ("direction_rows", direction_embeddings),
+                ("distance_rows", distance_embeddings),
+            )
+            if on
+        ]
+        if memberships:
+            self.register_buffer("membership", torch.cat(memberships, 1), persistent=False)
         row_offset = torch.zeros(BYTE_VALUES, dtype=torch.int64)
         row_offset[: spec.num_features] = offsets
         max_level = torch.zeros(BYTE_VALUES, dtype=torch.int64)
@@ -89,12 +128,16 @@ class TokenBagEncoder(Component):
         return rows, torch.take(self.weight_of, feature_value)
 
     def table(self) -> torch.Tensor:
-        """float32 [rows, embed_dim]: the embedding row of every (feature, value, window cell), axis rows added."""
-        if not self.axis_embeddings:
+        """float32 [rows, embed_dim]: the embedding row of every (feature, value, window cell), its shared rows
+        (axis, direction, distance) added."""
+        if not self.shared:
             return self.bag.weight
-        blocks, window, _, dim = self.row_rows.shape
-        cells = self.bag.weight.view(blocks, window, window, dim)
-        return (cells + self.row_rows + self.column_rows).view(-1, dim)
+        cells, dim = self.membership.shape[0], self.bag.weight.shape[1]
+        blocks = self.bag.weight.shape[0] // cells
+        shared = torch.cat([getattr(self, name).reshape(blocks, -1, dim) for name in self.shared], 1)
+        # [blocks, cells, dim] + [cells, groups] @ [blocks, groups, dim]
+        table = torch.baddbmm(self.bag.weight.view(blocks, cells, dim), self.membership.expand(blocks, -1, -1), shared)
+        return table.view(-1, dim)
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
         step[ENCODED] = self.mlp(bag_sum(self.table(), *self.token_rows(step[OBS])))

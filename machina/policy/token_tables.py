@@ -36,3 +36,30 @@ def scaled_value_table(spec: ObsSpec) -> torch.Tensor:
     """float32 [256, 256]: [feature id, value byte] -> value / feature_norm (0 for unknown ids and padding); a token's
     entry is at ``feature * 256 + value`` of the flattened table."""
     return torch.arange(BYTE_VALUES).float().view(1, -1) * inverse_norm_table(spec).view(-1, 1)
+
+
+def line_membership(window: int) -> torch.Tensor:
+    """float32 [window * window, 2 * window]: window cell ``dy * window + dx`` -> one-hot of its row ``dy``, then
+    one-hot of its column ``dx``."""
+    line = torch.arange(window)
+    return torch.cat((one_hot(line.repeat_interleave(window), window), one_hot(line.repeat(window), window)), 1)
+
+
+def direction_membership(window: int) -> torch.Tensor:
+    """float32 [window * window, 9]: window cell ``dy * window + dx`` -> one-hot of its direction from the centre,
+    ``3 * (sign(dy - c) + 1) + sign(dx - c) + 1`` with ``c = window // 2`` (0: up-left, 4: centre, 8: down-right)."""
+    side = (torch.arange(window) - window // 2).sign() + 1
+    return one_hot((3 * side.view(-1, 1) + side.view(1, -1)).flatten(), 9)
+
+
+def distance_membership(window: int) -> torch.Tensor:
+    """float32 [window * window, 2 * (window // 2) + 1]: window cell ``dy * window + dx`` -> one-hot of its Manhattan
+    distance from the centre, ``|dy - c| + |dx - c|``."""
+    offset = (torch.arange(window) - window // 2).abs()
+    return one_hot((offset.view(-1, 1) + offset.view(1, -1)).flatten(), 2 * (window // 2) + 1)
+
+
+def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """float32 [len(index), classes]; a comparison rather than ``F.one_hot``, which reads the indices (so that a policy
+    can be built on the meta device)."""
+    return (index.view(-1, 1) == torch.arange(classes)).float()
