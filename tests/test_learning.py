@@ -107,11 +107,12 @@ def test_the_dagger_preset_makes_and_deposits_hearts_early_on_two_seeds(tmp_path
 def test_the_main_job_crafts_and_deposits_on_its_small_maps_early_on_two_seeds(tmp_path):
     """Guards issue 32's cheapest result: the main job's (`python train.py`) first 100 epochs (6.6M agent steps, all
     on the curriculum's 7x7 maps) on seeds 1 and 2, side by side with one thread each. Its full runs passed that
-    point at a training return of 1.59 / 1.48 with 0.33 / 0.23 hearts deposited per env (the mean of epochs 91-100;
-    1.40 / 1.49 and 0.21 / 0.26 without the policy's axis embeddings); the main job before issue 32 (lr 0.001,
-    entropy 0.01, gamma 0.99, no curriculum) at 0.80 with none (0.003). The run's own periodic evaluation at epoch 100
-    plays the default 11x11 map (32 episodes on held-out layouts), where both are at about 1.0 (0.8-0.9 without the
-    axis embeddings; random: 0.17): a check that what it learns on the small maps carries over."""
+    point at a training return of 1.49 / 1.39 with 0.24 / 0.19 hearts deposited per env (the mean of epochs 91-100;
+    1.59 / 1.48 and 0.33 / 0.23 with the policy's axis embeddings alone, 1.40 / 1.49 and 0.21 / 0.26 without any
+    shared rows); the main job before issue 32 (lr 0.001, entropy 0.01, gamma 0.99, no curriculum) at 0.80 with none
+    (0.003). The run's own periodic evaluation at epoch 100 plays the default 11x11 map (32 episodes on held-out
+    layouts), where they score 1.09 / 0.84 (1.02 / 1.06 with the axis embeddings alone, 0.8-0.9 without; random:
+    0.17): a check that what it learns on the small maps carries over."""
     from concurrent.futures import ThreadPoolExecutor
 
     def run(seed):

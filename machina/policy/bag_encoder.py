@@ -40,9 +40,10 @@ class TokenBagEncoder(Component):
 
     With ``direction_embeddings``, each (feature, value) also owns one row per direction from the agent (up-left, up,
     up-right, left, its own cell, ..., down-right: the signs of dy and dx), ``direction_rows`` [blocks, 9, embed_dim];
-    with ``distance_embeddings``, one row per Manhattan distance from the agent, ``distance_rows`` [blocks, window,
-    embed_dim]. Both are added the same way: "the chest is up and to the left" and "the chest is 3 steps away" are
-    then one row each, shared by every cell in that direction or at that distance. Zero at the start as well.
+    with ``distance_embeddings``, one row per Manhattan distance from the agent (0 to 2 * (window // 2)),
+    ``distance_rows`` [blocks, 2 * (window // 2) + 1, embed_dim]. Both are added the same way: "the chest is up and to
+    the left" and "the chest is 3 steps away" are then one row each, shared by every cell in that direction or at
+    that distance. Zero at the start as well.
     """
 
     in_keys = (OBS,)
