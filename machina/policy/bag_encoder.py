@@ -72,32 +72,25 @@ class TokenBagEncoder(Component):
         # built on the meta device, reading no tensor (machina.policy.allowlist checks a file's sizes that way).
         table_rows = sum((int(norm) + 1 if norm <= categorical_max else 1) * cells for norm in spec.feature_norms)
         self.bag = nn.EmbeddingBag(table_rows, embed_dim, mode="sum")
-        self.axis_embeddings = axis_embeddings
-        self.direction_embeddings, self.distance_embeddings = direction_embeddings, distance_embeddings
         blocks, window = table_rows // cells, spec.window  # one block of cell rows per (feature, value)
+        # The shared-row parameters, in the order of the membership's column groups: a [cells, groups] one-hot, so
+        # that adding every cell's shared rows is one batched matrix product (its gradient another; a gather's is a
+        # scatter).
+        self.shared: list[str] = []
         memberships = []
         if axis_embeddings:
             self.row_rows = nn.Parameter(torch.zeros(blocks, window, 1, embed_dim))
             self.column_rows = nn.Parameter(torch.zeros(blocks, 1, window, embed_dim))
+            self.shared += ["row_rows", "column_rows"]
             memberships.append(line_membership(window))
         if direction_embeddings:
-            self.direction_rows = nn.Parameter(torch.zeros(blocks, 9, embed_dim))
             memberships.append(direction_membership(window))
+            self.direction_rows = nn.Parameter(torch.zeros(blocks, memberships[-1].shape[1], embed_dim))
+            self.shared.append("direction_rows")
         if distance_embeddings:
-            self.distance_rows = nn.Parameter(torch.zeros(blocks, 2 * (window // 2) + 1, embed_dim))
             memberships.append(distance_membership(window))
-        # The shared rows' names in the order of the membership's columns: [cells, groups] one-hot, so that adding
-        # every cell's shared rows is one batched matrix product (its gradient another; a gather's is a scatter).
-        self.shared = [
-            name
-            for name, on in (
-                ("row_rows", axis_embeddings),
-                ("column_rows", axis_embeddings),
-                ("direction_rows", direction_embeddings),
-                ("distance_rows", distance_embeddings),
-            )
-            if on
-        ]
+            self.distance_rows = nn.Parameter(torch.zeros(blocks, memberships[-1].shape[1], embed_dim))
+            self.shared.append("distance_rows")
         if memberships:
             self.register_buffer("membership", torch.cat(memberships, 1), persistent=False)
         row_offset = torch.zeros(BYTE_VALUES, dtype=torch.int64)
