@@ -100,7 +100,7 @@ class Evaluator:
         env = self.env(num_envs=1)
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         frames = []
-        with closing(env), forked_rng(self.seed, self.device):
+        with closing(env), forked_rng(self.seed, self.device), policy.weights_fixed():
             for step_count, _ in enumerate(play(env, actor)):
                 ended = step_count > 0 and env.last_episodes()["episodes"][0] > 0
                 if step_count == (steps or self.step_limit) or (steps is None and ended):
@@ -111,7 +111,7 @@ class Evaluator:
     def _policy_row(self, policy: nn.Module) -> dict[str, float]:
         env = self.env(outputs=TEACHER)  # the teacher's actions, where declared, for the policy's agreement with them
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
-        with forked_rng(self.seed, self.device):
+        with forked_rng(self.seed, self.device), policy.weights_fixed():
             row = self._row(env, actor)
         if keys.TEACHER_ACTIONS in self.spec.outputs:
             row["teacher_agreement"] = actor.agreement()

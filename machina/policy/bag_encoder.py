@@ -113,6 +113,7 @@ class TokenBagEncoder(Component):
         )
         self.out_widths = {ENCODED: hidden}
         self.input_spec = {OBS: ((spec.max_tokens, 3), torch.uint8)}
+        self.kept_table: torch.Tensor | None = None  # ``table()`` inside ``ComponentPolicy.weights_fixed``
 
     def token_rows(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 [N, M, 3] tokens -> (int64 rows [N, M] into the bag's table, float32 weights [N, M])."""
@@ -121,9 +122,17 @@ class TokenBagEncoder(Component):
         rows = torch.take(self.row_of, feature_value).add_(torch.take(self.cell_index, tokens[..., 0]))
         return rows, torch.take(self.weight_of, feature_value)
 
+    def keep_derived(self, keep: bool) -> None:
+        self.kept_table = None
+        if keep:
+            with torch.no_grad():
+                self.kept_table = self.table()
+
     def table(self) -> torch.Tensor:
         """float32 [rows, embed_dim]: the embedding row of every (feature, value, window cell), its shared rows
-        (axis, direction, distance) added."""
+        (axis, direction, distance) added. The kept one where there is one, in a forward without gradients."""
+        if not torch.compiler.is_compiling() and self.kept_table is not None and not torch.is_grad_enabled():
+            return self.kept_table
         if not self.shared:
             return self.bag.weight
         cells, dim = self.membership.shape[0], self.bag.weight.shape[1]

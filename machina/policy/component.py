@@ -16,7 +16,8 @@ with ``td.batch_size = td.batch_size[:1]``.) The [B, T] -> [B*T] flattening happ
 works on a flat ``step`` TensorDict (batch [B*T]) and, for recurrent state, on the per-sequence ``td`` (batch [B]).
 """
 
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,10 @@ class Component(nn.Module):
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
         """Read ``in_keys`` and write ``out_keys`` into ``step`` (batch [B*T]) or ``seq`` (batch [B]), in place."""
         raise NotImplementedError
+
+    def keep_derived(self, keep: bool) -> None:
+        """Start (``keep``) or stop keeping what the component computes from its weights alone, for the forwards
+        inside ``ComponentPolicy.weights_fixed``. Most derive nothing."""
 
 
 class Passthrough(Component):
@@ -148,6 +153,22 @@ class ComponentPolicy(nn.Module):
         (no keys for a feed-forward policy)."""
         zeros = {key: torch.zeros(num, width, device=device) for key, width in self.state_widths.items()}
         return TensorDict(zeros, batch_size=[num], device=device)
+
+    @contextmanager
+    def weights_fixed(self) -> Iterator[None]:
+        """Inside it the caller does not change the weights (a rollout, an evaluation: loops that only read them),
+        so a component may compute what depends on its weights alone once instead of on every step: the encoder's
+        embedding table (the main job's rollout forward 1.28x as fast on the 2-core CPU, BENCHMARKS.md). Whoever
+        writes the weights (the learner, a checkpoint restore, a weight average's swap) does it outside, so nothing
+        kept outlives a change. Only forwards without gradients read what is kept, and compiled ones compute it
+        themselves, so no traced graph depends on a tensor that each block replaces."""
+        for part in self.parts():
+            part.keep_derived(True)
+        try:
+            yield
+        finally:
+            for part in self.parts():
+                part.keep_derived(False)
 
     def act(self, td: MutableMapping[str, torch.Tensor]) -> MutableMapping[str, torch.Tensor]:
         """One step of N sequences (the rollout's T = 1), with no time axis: ``td`` holds the per-step inputs

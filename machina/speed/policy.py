@@ -4,7 +4,8 @@
     python -m machina.bench policy --json          # one JSON object per measured configuration
     python -m machina.bench policy --policies fast --agents 1024
 
-Rollout: ``policy(td)`` under ``torch.inference_mode`` on N agents, T = 1 (sampling included), in agents/s.
+Rollout: ``policy(td)`` under ``torch.inference_mode`` and ``weights_fixed`` (as a rollout steps it) on N agents, T = 1
+(sampling included), in agents/s.
 Training: forward with stored actions on [segments, bptt] plus backward of a loss on every output, in samples/s.
 """
 
@@ -72,10 +73,10 @@ def bench_rollout(policy: torch.nn.Module, spec: ObsSpec, args: argparse.Namespa
     td.update(policy.initial_state(n, "cpu"))
 
     def step() -> None:
-        with torch.inference_mode():
-            policy(td.copy())
+        policy(td.copy())
 
-    seconds = seconds_per_call(step, args.warmup, args.min_seconds)
+    with torch.inference_mode(), policy.weights_fixed():  # as a rollout runs its steps
+        seconds = seconds_per_call(step, args.warmup, args.min_seconds)
     return {"mode": "rollout", "batch": n, "bptt": 1, "ms_per_call": 1e3 * seconds, "per_s": n / seconds}
 
 

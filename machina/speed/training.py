@@ -82,7 +82,7 @@ class Setup:
         step[keys.EPISODE_START] = torch.zeros(n, device=device)
         state = policy.initial_state(n, device)
         act = self.trainer.rollout.act  # the policy's rollout step (compiled under system.compile), eager
-        with torch.no_grad():
+        with torch.inference_mode(), policy.weights_fixed():  # as ``Rollout.run`` steps it
             policy.eval()
             start = time.perf_counter()
             for _ in range(steps):

@@ -143,7 +143,10 @@ class Rollout:
         captured in inference mode can leave the CUDA generator's state as inference tensors, which the learner's
         capture outside it may not update (pytorch/pytorch#166792)."""
         graphed = self.whole_step is not None or self.forward is not None
-        with torch.no_grad() if graphed else torch.inference_mode():
+        if graphed:
+            with torch.no_grad():
+                return self._run(progress)
+        with torch.inference_mode(), self.policy.weights_fixed():
             return self._run(progress)
 
     def _run(self, progress: Progress) -> int:
