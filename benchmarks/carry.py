@@ -9,7 +9,9 @@ agent's 11x11 window, and, among the moves (steps that change the agent's cell),
 chest (Manhattan distance), with the chest in view and out of view, and the share of the steps beside the chest that
 deposit. A policy that moves with no regard to the chest scores about 0.5 on the moves, and beside the chest a
 quarter of the share of steps in which it moves; one that heads for it, more (the teacher, which heads for it but
-steps round obstacles and other agents: about 0.6-0.7 on the moves, 1.0 beside the chest).
+steps round obstacles and other agents: about 0.6-0.7 on the moves, 1.0 beside the chest). Last, per env: the
+hearts made, those deposited, and those still held when the episode ends, which are worth nothing (the teacher holds
+the few it made in its last steps; a policy that carries at chance, most of what it made late).
 """
 
 import argparse
@@ -26,9 +28,10 @@ from machina.policy.io import load_policy
 
 
 def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
-    """Play ``steps`` steps of ``env`` with ``actor`` from a reset and return the shares described above."""
+    """Play ``steps`` steps of ``env`` with ``actor`` from a reset and return the shares and counts described above
+    (``held_at_end_per_env``: the hearts held after the last step played, the episode's end in the command)."""
     names = ("steps", "holding", "in_view", "moves_in_view", "closer_in_view", "moves_out", "closer_out", "beside")
-    sums = dict.fromkeys((*names, "deposited_beside"), 0)
+    sums = dict.fromkeys((*names, "deposited_beside", "made", "deposited"), 0)
     side = env.geom.pcols  # a cell of the padded board is row * side + col
     before = None
     for t, _ in enumerate(play(env, actor)):
@@ -44,6 +47,9 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         }
         now["hold"] = now["hearts"] >= 1
         if before is not None:
+            change = now["hearts"] - before["hearts"]
+            sums["made"] += int(change.clamp(min=0).sum())
+            sums["deposited"] -= int(change.clamp(max=0).sum())
             moved = before["hold"] & (now["pos"] != before["pos"])
             closer = moved & (now["dist"] < before["dist"])
             for where, mask in (("in_view", before["view"]), ("out", ~before["view"])):
@@ -66,6 +72,9 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         "deposits_beside": sums["deposited_beside"] / max(sums["beside"], 1),
         "moves_in_view": sums["moves_in_view"],
         "moves_out_of_view": sums["moves_out"],
+        "hearts_made_per_env": sums["made"] / env.num_envs,
+        "deposited_per_env": sums["deposited"] / env.num_envs,
+        "held_at_end_per_env": int(now["hearts"].sum()) / env.num_envs,
     }
 
 

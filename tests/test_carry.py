@@ -50,6 +50,13 @@ def test_the_teacher_heads_for_the_chest_and_a_random_carrier_does_not():
     # move is the chest's direction one time in four.
     assert heading["deposits_beside"] > 0.9 and wandering["deposits_beside"] < 0.45, (heading, wandering)
     assert 0 < heading["chest_in_view"] <= 1
+    # Every heart made is deposited or still held: made = deposited + held. The teacher deposits most of what it
+    # makes; the random carrier, making hearts the same way, keeps more of them when the episode is cut.
+    for stats in (heading, wandering):
+        made, deposited, held = (stats[k] for k in ("hearts_made_per_env", "deposited_per_env", "held_at_end_per_env"))
+        assert made > 0.5 and abs(made - deposited - held) < 1e-9, stats
+    assert heading["held_at_end_per_env"] < 0.5 * heading["hearts_made_per_env"], heading
+    assert wandering["held_at_end_per_env"] > heading["held_at_end_per_env"], (heading, wandering)
 
 
 def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
@@ -79,8 +86,12 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
         "deposits_beside",
         "moves_in_view",
         "moves_out_of_view",
+        "hearts_made_per_env",
+        "deposited_per_env",
+        "held_at_end_per_env",
     }, printed
-    assert all(0 <= float(value) <= 1 for name, value in printed.items() if not name.startswith("moves_"))
+    shares = {name: value for name, value in printed.items() if not name.startswith("moves_") and "per_env" not in name}
+    assert len(shares) == 5 and all(0 <= float(value) <= 1 for value in shares.values())
     other = random_policy_file(tmp_path / "other.pt", ["env.max_tokens=64"])
     result = subprocess.run([sys.executable, str(SCRIPT), str(other)], capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

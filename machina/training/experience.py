@@ -219,7 +219,8 @@ class Experience:
 
     def segments_at(self, rows: slice) -> tuple[TensorDict, TensorDict]:
         """(stored steps [B, T] of the training view, recurrent state [B] at their rows' starts) for ``rows``
-        (one of ``blocks``): views, no copy."""
+        (one of ``blocks``): views, no copy. The view is ``prepare_training``'s: read after a new rollout but before
+        it, its token observations are still cut to the last epoch's width."""
         return self._training[rows], self.row_state[rows]
 
     def record_ratios(self, rows: torch.Tensor | slice, stored: TensorDict, log_prob: torch.Tensor) -> None:
