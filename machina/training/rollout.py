@@ -138,7 +138,9 @@ class Rollout:
         Eager steps run in inference mode, not only without gradients: an op then skips autograd's version-counter
         and view bookkeeping, a sixth of a small step's host time. What a step makes is copied into the buffer and
         the live step (tensors made outside, written in place) or kept by a loss for its next rollout step (a
-        teacher's recurrent state), so no inference tensor reaches the learner (``tests/test_rollout.py``). A graphed
+        teacher's recurrent state), so no inference tensor reaches the learner (``tests/test_rollout.py``). They also
+        run inside ``policy.weights_fixed()`` (no weight changes during a rollout): what the policy derives from its
+        weights alone, the encoder's table, is built once per rollout instead of once per step. A graphed
         rollout replays kernels with no per-op host work to save, and is captured without gradients only: a graph
         captured in inference mode can leave the CUDA generator's state as inference tensors, which the learner's
         capture outside it may not update (pytorch/pytorch#166792)."""
