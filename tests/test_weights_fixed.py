@@ -4,15 +4,14 @@ change outside the block, in an eager or a compiled rollout, and never in the wa
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from machina import keys
 from machina.policy.inputs import training_input
-from tests.conftest import ROOT, run_train
+from tests.conftest import run_train
+from tests.test_eval import run_eval
 from tests.test_learner import make_trainer
 from tests.test_policy import make_policy, random_obs, random_state, sequence_td
 
@@ -131,8 +130,7 @@ def test_the_last_periodic_evaluation_scores_what_eval_py_scores_on_the_same_epi
     periodic = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     out = tmp_path / "eval"
     args = [f"checkpoint={run}", "episodes=64", f"seed={1 + 1_000_003}", "replay=false", f"hydra.run.dir={out}"]
-    evaluated = subprocess.run([sys.executable, str(ROOT / "eval.py"), *args], capture_output=True, text=True)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    run_eval(args, cwd=tmp_path)  # asserts eval.py's exit status 0
     report = json.loads((out / "eval.json").read_text())["policy"]
     for stat in ("return", "hearts_made", "resources_gathered"):
         assert periodic[f"eval/{stat}"] == pytest.approx(report[stat], abs=1e-6), stat
