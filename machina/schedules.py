@@ -16,8 +16,10 @@ import math
 from dataclasses import dataclass
 
 from machina import checks
+from machina.errors import ConfigError
 
 FLOOR = " (a fraction of optimizer.lr)"  # what the floor of an lr schedule is, for its refusal
+DECAY_FROM = " (the fraction of training before the learning rate decays)"
 
 
 @dataclass(frozen=True)
@@ -72,23 +74,33 @@ class ConstantLr:
         return 1.0
 
 
-class LinearLr:
-    """The learning rate: from ``optimizer.lr`` down to ``floor * optimizer.lr`` at the end of training, linearly
-    (CleanRL's ``anneal_lr`` is ``floor=0``)."""
+class AnnealedLr:
+    """What the annealed learning rates share: a ``floor`` (the multiplier at the end of training) and
+    ``decay_from``, the fraction of training that runs at ``optimizer.lr`` before the decay begins (0: the decay spans
+    all of training; 0.8: the last fifth, as in a warmup-stable-decay schedule, Hägele et al. 2024)."""
 
-    def __init__(self, floor: float = 0.0):
+    def __init__(self, floor: float = 0.0, decay_from: float = 0.0):
         self.floor = float(checks.number("learner.lr_schedule.floor", floor, 0, 1, FLOOR))
+        self.decay_from = float(checks.number("learner.lr_schedule.decay_from", decay_from, 0, 1, DECAY_FROM))
+        if self.decay_from == 1:
+            raise ConfigError(f"learner.lr_schedule.decay_from={decay_from!r} must be below 1{DECAY_FROM}")
+
+    def decayed(self, fraction: float) -> float:
+        """How far the decay has gone at ``fraction`` of training: 0 up to ``decay_from``, 1 at the end."""
+        return min(max((fraction - self.decay_from) / (1.0 - self.decay_from), 0.0), 1.0)
+
+
+class LinearLr(AnnealedLr):
+    """The learning rate: from ``optimizer.lr`` down to ``floor * optimizer.lr`` at the end of training, linearly
+    (CleanRL's ``anneal_lr`` is ``floor=0``, ``decay_from=0``)."""
 
     def __call__(self, fraction: float) -> float:
-        return 1.0 - (1.0 - self.floor) * min(max(fraction, 0.0), 1.0)
+        return 1.0 - (1.0 - self.floor) * self.decayed(fraction)
 
 
-class CosineLr:
+class CosineLr(AnnealedLr):
     """The learning rate: from ``optimizer.lr`` down to ``floor * optimizer.lr`` at the end of training along half a
     cosine (Loshchilov & Hutter 2017, no restarts)."""
 
-    def __init__(self, floor: float = 0.0):
-        self.floor = float(checks.number("learner.lr_schedule.floor", floor, 0, 1, FLOOR))
-
     def __call__(self, fraction: float) -> float:
-        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * min(max(fraction, 0.0), 1.0)))
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * self.decayed(fraction)))

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from machina.precision import set_matmul_precision
 from machina.startup import resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +22,17 @@ os.environ["WANDB_SILENT"] = "true"
 os.environ.pop("WANDB_API_KEY", None)
 
 resolvers.register()
+
+
+@pytest.fixture(autouse=True)
+def restore_matmul_precision():
+    """A test that builds a run applies its system.* flags to the whole process: the main job's bf16 products would
+    then carry over into the next test's exact comparisons. Each test starts from the setting the session began
+    with."""
+    bf16 = torch.get_float32_matmul_precision() == "medium"
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    yield
+    set_matmul_precision(bf16, tf32)
 
 
 def compose_config(overrides=(), return_hydra_config: bool = False):

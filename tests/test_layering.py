@@ -1,7 +1,8 @@
 """The layers of machina point one way: a module imports machina modules of its own layer or below, never above.
 
     0  contracts and files: machina.keys, machina.errors, machina.progress, machina.checks (one setting's checks),
-       machina.schedules, and machina.files (reading and writing files safely, which knows no part of training)
+       machina.schedules, machina.precision (of matrix products), and machina.files (reading and writing files
+       safely, which knows no part of training)
     1  machina.env
     2  machina.policy (built from the env's spec)
     3  machina.losses (read the policy's outputs)
@@ -23,7 +24,15 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = (
-    ("machina.keys", "machina.errors", "machina.progress", "machina.checks", "machina.schedules", "machina.files"),
+    (
+        "machina.keys",
+        "machina.errors",
+        "machina.progress",
+        "machina.checks",
+        "machina.schedules",
+        "machina.precision",
+        "machina.files",
+    ),
     ("machina.env",),
     ("machina.policy",),
     ("machina.losses",),

@@ -62,6 +62,31 @@ def test_lr_schedules_follow_their_definitions(fraction, floor):
     )
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.75, 0.8, 0.9, 0.95, 1.0])
+def test_a_decay_from_holds_the_rate_then_decays_over_the_rest(fraction):
+    """Warmup-stable-decay without the warmup (Hägele et al. 2024): optimizer.lr until 80% of training, then the
+    same curve as a whole-run schedule, squeezed into the last fifth."""
+    rest = max(fraction - 0.8, 0.0) / 0.2
+    assert LinearLr(0.0, decay_from=0.8)(fraction) == pytest.approx(1.0 - rest)
+    assert CosineLr(0.1, decay_from=0.8)(fraction) == pytest.approx(0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * rest)))
+    if fraction <= 0.8:
+        assert LinearLr(0.3, decay_from=0.8)(fraction) == 1.0
+
+
+@pytest.mark.parametrize("schedule", [LinearLr, CosineLr])
+@pytest.mark.parametrize("decay_from", [-0.1, 1, 1.0, math.nan, True, "0.5"])
+def test_lr_schedules_refuse_a_decay_start_outside_zero_to_below_one(schedule, decay_from):
+    """At 1 the decay would span no training at all (and divide by zero)."""
+    with pytest.raises(ConfigError, match=re.escape(f"learner.lr_schedule.decay_from={decay_from!r} must be")):
+        schedule(0.0, decay_from)
+
+
+def test_a_decay_start_from_the_command_line_builds():
+    cfg = compose_config(["learner/lr_schedule=linear", "learner.lr_schedule.decay_from=0.8"])
+    schedule = instantiate(cfg.learner.lr_schedule)
+    assert type(schedule) is LinearLr and schedule(0.5) == 1.0 and schedule(0.9) == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("schedule", [LinearLr, CosineLr])
 def test_lr_schedules_hold_their_ends_outside_training_and_never_rise(schedule):
     multiplier = schedule(0.1)
@@ -77,9 +102,22 @@ def test_lr_schedules_refuse_a_floor_outside_zero_to_one(schedule, floor):
         schedule(floor)
 
 
-@pytest.mark.parametrize("option, kind", [("constant", ConstantLr), ("linear", LinearLr), ("cosine", CosineLr)])
+@pytest.mark.parametrize(
+    "option, kind", [("constant", ConstantLr), ("linear", LinearLr), ("cosine", CosineLr), ("linear_tail", LinearLr)]
+)
 def test_each_lr_schedule_option_builds_its_schedule(option, kind):
     assert type(instantiate(compose_config([f"learner/lr_schedule={option}"]).learner.lr_schedule)) is kind
+
+
+def test_the_main_job_holds_its_rate_for_four_fifths_then_decays_it_to_zero():
+    """linear_tail, the main job's: optimizer.lr until 80% of its agent steps, half of it at 90%, none at the end;
+    the presets measured with a constant rate keep it."""
+    schedule = instantiate(compose_config([]).learner.lr_schedule)
+    assert [schedule(f) for f in (0.0, 0.5, 0.8)] == [1.0, 1.0, 1.0]
+    assert schedule(0.9) == pytest.approx(0.5) and schedule(1.0) == 0.0
+    for preset in ("machina_1_ppo_curriculum", "machina_1_ppo_wide", "machina_1_ppo_tuned"):
+        cfg = compose_config([f"experiment={preset}"])
+        assert type(instantiate(cfg.learner.lr_schedule)) is ConstantLr and cfg.system.bf16_matmuls is False
 
 
 def test_a_coefficient_schedule_from_the_command_line_builds():

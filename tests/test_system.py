@@ -18,11 +18,13 @@ def restore_torch_flags():
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.get_num_threads(),
+        torch.get_float32_matmul_precision(),
     )
     yield
     torch.use_deterministic_algorithms(saved[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
     torch.set_num_threads(saved[3])
+    torch.set_float32_matmul_precision(saved[4])
 
 
 def test_deterministic_true_sets_every_flag():
@@ -54,6 +56,60 @@ def test_rank_offsets_the_seed():
 def test_threads_applied():
     System(device="cpu", threads=1).apply()
     assert torch.get_num_threads() == 1
+
+
+def bf16_units() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def test_bf16_matmuls_round_a_float32_products_inputs_to_bfloat16_and_off_restores_full_precision():
+    """The definition: with the flag, a float32 matrix product is that of its inputs rounded to bfloat16 (8 bits of
+    mantissa), accumulated in float32, on a CPU with bf16 units; without it, the float32 product."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 128, generator=g), torch.randn(128, 512, generator=g)
+    exact = (a.double() @ b.double()).float()
+    rounded = (a.bfloat16().double() @ b.bfloat16().double()).float()
+    assert (exact - rounded).abs().max() > 0.05  # the two definitions are far apart on these inputs
+
+    System(device="cpu", bf16_matmuls=True).apply_flags()
+    assert torch.get_float32_matmul_precision() == "medium"
+    product = a @ b
+    assert product.dtype == torch.float32
+    torch.testing.assert_close(product, rounded if bf16_units() else exact, rtol=1e-5, atol=1e-4)
+    # The products of a linear layer's backward too: the weight gradient is a product of the same kind.
+    weight = b.t().clone().requires_grad_()
+    torch.nn.functional.linear(a, weight).backward(torch.ones(256, 512))
+    ones = torch.ones(512, 256)
+    want = (ones.bfloat16().double() @ a.bfloat16().double()).float() if bf16_units() else ones @ a
+    torch.testing.assert_close(weight.grad, want, rtol=1e-5, atol=1e-3)
+
+    System(device="cpu", bf16_matmuls=False, tf32=True).apply_flags()
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+    torch.testing.assert_close(a @ b, exact, rtol=1e-5, atol=1e-4)
+    System(device="cpu", bf16_matmuls=False, tf32=False).apply_flags()
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_evaluation_computes_in_float32_inside_a_bf16_run_and_gives_the_run_its_setting_back():
+    from machina.precision import float32_products
+
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(64, 128, generator=g), torch.randn(128, 32, generator=g)
+    exact = (a.double() @ b.double()).float()
+    System(device="cpu", bf16_matmuls=True).apply_flags()
+    with float32_products():
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+        torch.testing.assert_close(a @ b, exact, rtol=1e-5, atol=1e-4)
+    assert torch.get_float32_matmul_precision() == "medium"
+    System(device="cpu", bf16_matmuls=False, tf32=True).apply_flags()
+    with float32_products():
+        assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_bf16_matmuls_must_be_true_or_false():
+    with pytest.raises(ConfigError, match="system.bf16_matmuls='yes' must be true or false"):
+        System(device="cpu", bf16_matmuls="yes")
 
 
 def test_device_auto_and_errors():

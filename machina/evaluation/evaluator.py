@@ -6,7 +6,9 @@ envs from ``seed``, all starting at step 0 (``stagger=False``), played until eve
 reduces each env's first episode (``Env.last_episodes``) to means and spreads. Every call replays the same layouts
 with the same action-sampling seed, so the numbers of two checkpoints (or of the same one twice) compare like for
 like. It never touches the training env, and it runs under a forked torch RNG, so the global RNG (and hence
-training) is the same with or without it. It uses only the public ``Env`` API, so it works for every env.
+training) is the same with or without it, and with full float32 products (``machina.precision``), so a run's
+periodic evaluation and ``eval.py`` score a policy alike whatever the run's speed settings. It uses only the public
+``Env`` API, so it works for every env.
 """
 
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from machina.errors import ConfigError
 from machina.evaluation.actors import Actor, PolicyActor, random_actor, teacher_actor
 from machina.evaluation.episodes import first_episodes, play
 from machina.evaluation.rng import forked_rng
+from machina.precision import float32_products
 
 TEACHER = frozenset({keys.TEACHER_ACTIONS})
 STEP_LIMIT = 100_000  # steps an evaluation plays at most, waiting for every env to end an episode
@@ -100,7 +103,7 @@ class Evaluator:
         env = self.env(num_envs=1)
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         frames = []
-        with closing(env), forked_rng(self.seed, self.device), policy.weights_fixed():
+        with closing(env), forked_rng(self.seed, self.device), float32_products(), policy.weights_fixed():
             for step_count, _ in enumerate(play(env, actor)):
                 ended = step_count > 0 and env.last_episodes()["episodes"][0] > 0
                 if step_count == (steps or self.step_limit) or (steps is None and ended):
@@ -111,7 +114,7 @@ class Evaluator:
     def _policy_row(self, policy: nn.Module) -> dict[str, float]:
         env = self.env(outputs=TEACHER)  # the teacher's actions, where declared, for the policy's agreement with them
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
-        with forked_rng(self.seed, self.device), policy.weights_fixed():
+        with forked_rng(self.seed, self.device), float32_products(), policy.weights_fixed():
             row = self._row(env, actor)
         if keys.TEACHER_ACTIONS in self.spec.outputs:
             row["teacher_agreement"] = actor.agreement()

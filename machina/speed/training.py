@@ -67,8 +67,10 @@ class Setup:
                 self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def parts_rates(self, steps: int) -> dict[str, float]:
-        """env-only, inference-only and learner-only agent steps/s."""
+        """env-only, inference-only and learner-only agent steps/s, under this configuration's torch flags (the other
+        configuration of a ``--compare`` ran last)."""
         parts, device = self.parts, self.parts.device
+        parts.system.apply_flags()
         env, policy = parts.env, parts.policy
         n = env.spec.num_agents
         actions = torch.randint(0, env.spec.num_actions, (steps, n), device=device)
@@ -104,6 +106,7 @@ class Setup:
         return {"env_sps": env_sps, "inference_sps": inference_sps, "learner_sps": learner_sps}
 
     def syncs_per_step(self) -> float:
+        self.parts.system.apply_flags()
         trainer = self.trainer
         reads: list[str] = []
         with count_host_reads(reads):

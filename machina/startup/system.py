@@ -1,4 +1,4 @@
-"""Process-wide torch settings: seeding, device choice, determinism, threads, TF32 and compilation."""
+"""Process-wide torch settings: seeding, device choice, determinism, threads, matmul precision and compilation."""
 
 import importlib.util
 import os
@@ -11,6 +11,7 @@ import torch
 
 from machina import checks
 from machina.errors import ConfigError
+from machina.precision import set_matmul_precision
 
 
 class System:
@@ -23,6 +24,10 @@ class System:
             a fixed CUBLAS workspace; false turns cudnn benchmark on (faster kernels, run-to-run noise).
         threads: torch intra-op threads; 0 keeps torch's default.
         tf32: allow TF32 matmuls and convolutions on Ampere+ GPUs.
+        bf16_matmuls: float32 matrix products read their inputs rounded to bfloat16 and accumulate in float32
+            (``torch.set_float32_matmul_precision("medium")``), where the hardware has bf16 units: on a CPU with
+            AMX or AVX512-BF16 oneDNN then runs them 2-6x faster (BENCHMARKS.md); on a GPU they are TF32 at least.
+            The weights, activations, optimizer state and every other op stay float32.
         compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
             "auto": on for runs of at least ``compile_min_timesteps`` agent steps (``total_timesteps``) where a
             compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
@@ -43,6 +48,7 @@ class System:
         torch_deterministic: bool = False,
         threads: int = 0,
         tf32: bool = True,
+        bf16_matmuls: bool = False,
         compile: bool | str = False,
         compile_min_timesteps: int = 50_000_000,
         total_timesteps: int = 0,
@@ -59,6 +65,7 @@ class System:
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
         self.tf32 = bool(tf32)
+        self.bf16_matmuls = checks.flag("system.bf16_matmuls", bf16_matmuls)
         if compile not in (True, False, "auto"):
             raise ConfigError(f"system.compile must be true, false or auto, got {compile!r}")
         if compile == "auto":
@@ -89,7 +96,7 @@ class System:
         torch.use_deterministic_algorithms(self.torch_deterministic)
         torch.backends.cudnn.deterministic = self.torch_deterministic
         torch.backends.cudnn.benchmark = not self.torch_deterministic
-        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        set_matmul_precision(self.bf16_matmuls, self.tf32)
         torch.backends.cudnn.allow_tf32 = self.tf32
         if self.compile:
             # Compiled kernels are cached by graph: a later run of the same shapes loads them instead of compiling.
