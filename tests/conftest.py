@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from machina.precision import set_matmul_precision
@@ -25,14 +24,13 @@ resolvers.register()
 
 
 @pytest.fixture(autouse=True)
-def restore_matmul_precision():
-    """A test that builds a run applies its system.* flags to the whole process: the main job's bf16 products would
-    then carry over into the next test's exact comparisons. Each test starts from the setting the session began
-    with."""
-    bf16 = torch.get_float32_matmul_precision() == "medium"
-    tf32 = torch.backends.cuda.matmul.allow_tf32
+def float32_products_between_tests():
+    """A test (or a module's fixture) that builds a run applies its system.* flags to the whole process: the main
+    job's bf16 products would then carry over into another test's comparisons with a definition. Every test starts
+    and ends with torch's own setting, full float32; one that builds a run gets the run's setting until it ends."""
+    set_matmul_precision(bf16=False, tf32=False)
     yield
-    set_matmul_precision(bf16, tf32)
+    set_matmul_precision(bf16=False, tf32=False)
 
 
 def compose_config(overrides=(), return_hydra_config: bool = False):

@@ -63,7 +63,10 @@ def graphed(trainer) -> None:
 
 
 def trained(overrides, graph: bool):
-    cfg = compose_config([*TINY, "system.threads=1", "experience/sampler=prioritized", *overrides])
+    # Float32 products: a graph and the eager loop agree to float rounding, which bf16-rounded inputs would blur.
+    cfg = compose_config(
+        [*TINY, "system.threads=1", "system.bf16_matmuls=false", "experience/sampler=prioritized", *overrides]
+    )
     trainer = build_trainer(cfg, build(cfg), sinks=[])
     if graph:
         graphed(trainer)

@@ -18,13 +18,11 @@ def restore_torch_flags():
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.get_num_threads(),
-        torch.get_float32_matmul_precision(),
     )
     yield
     torch.use_deterministic_algorithms(saved[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
     torch.set_num_threads(saved[3])
-    torch.set_float32_matmul_precision(saved[4])
 
 
 def test_deterministic_true_sets_every_flag():
