@@ -1,8 +1,8 @@
 """The precision of float32 matrix products, process-wide: one owner for torch's flags of it.
 
 Training may run its products with bfloat16 inputs (``system.bf16_matmuls``) or TF32 (``system.tf32``, GPUs) for
-speed; evaluation always runs them in full float32 (``float32_products``), so a policy scores the same in a run's
-periodic evaluation as in ``eval.py`` of its files, whatever the run's speed settings.
+speed; evaluation never rounds them to bfloat16 (``float32_products``), so on a CPU a policy scores the same in a
+run's periodic evaluation as in ``eval.py`` of its files, whatever the run's speed settings.
 
 torch keeps the setting in two APIs that refuse to be mixed (a precision set backend by backend cannot be read back
 as one, and ``torch.compile`` reads it), so only the process-wide setting and the legacy TF32 switch are used here.
@@ -24,10 +24,12 @@ def set_matmul_precision(bf16: bool, tf32: bool) -> None:
 
 @contextmanager
 def float32_products() -> Iterator[None]:
-    """Full float32 matrix products inside the block; the setting before it restored after."""
+    """No bf16-rounded inputs in the block's matrix products; the setting before it restored after. TF32 on GPUs
+    stays as the run set it: torch.compile guards a compiled policy on that switch (turning it off would recompile
+    the policy for every evaluation), while the bf16 setting is read when each product runs."""
     bf16 = torch.get_float32_matmul_precision() == "medium"
-    tf32 = not bf16 and torch.backends.cuda.matmul.allow_tf32
-    set_matmul_precision(bf16=False, tf32=False)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    set_matmul_precision(bf16=False, tf32=tf32)
     try:
         yield
     finally:

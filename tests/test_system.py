@@ -96,13 +96,35 @@ def test_evaluation_computes_in_float32_inside_a_bf16_run_and_gives_the_run_its_
     exact = (a.double() @ b.double()).float()
     System(device="cpu", bf16_matmuls=True).apply_flags()
     with float32_products():
-        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.get_float32_matmul_precision() in ("highest", "high")
         torch.testing.assert_close(a @ b, exact, rtol=1e-5, atol=1e-4)
     assert torch.get_float32_matmul_precision() == "medium"
-    System(device="cpu", bf16_matmuls=False, tf32=True).apply_flags()
-    with float32_products():
-        assert not torch.backends.cuda.matmul.allow_tf32
-    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+    for tf32 in (True, False):  # TF32 (GPUs) stays as the run set it, inside the block and after
+        System(device="cpu", bf16_matmuls=False, tf32=tf32).apply_flags()
+        with float32_products():
+            assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+
+
+def test_an_evaluation_inside_a_compiled_run_does_not_recompile_its_policy():
+    """torch.compile guards a compiled function on the TF32 switch: an evaluation that flipped it would compile the
+    policy again, a minute of a compiled run's time on this CPU."""
+    from torch._dynamo.utils import counters
+
+    from machina.precision import float32_products
+
+    layer = torch.nn.Linear(8, 8)
+    compiled = torch.compile(lambda x: layer(x).relu())
+    x = torch.randn(4, 8)
+    for bf16 in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        System(device="cpu", bf16_matmuls=bf16, tf32=True).apply_flags()
+        compiled(x)
+        with float32_products():
+            compiled(x)
+        compiled(x)
+        assert counters["stats"]["unique_graphs"] == 1, bf16
 
 
 def test_bf16_matmuls_must_be_true_or_false():

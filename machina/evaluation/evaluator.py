@@ -6,9 +6,9 @@ envs from ``seed``, all starting at step 0 (``stagger=False``), played until eve
 reduces each env's first episode (``Env.last_episodes``) to means and spreads. Every call replays the same layouts
 with the same action-sampling seed, so the numbers of two checkpoints (or of the same one twice) compare like for
 like. It never touches the training env, and it runs under a forked torch RNG, so the global RNG (and hence
-training) is the same with or without it, and with full float32 products (``machina.precision``), so a run's
-periodic evaluation and ``eval.py`` score a policy alike whatever the run's speed settings. It uses only the public
-``Env`` API, so it works for every env.
+training) is the same with or without it, and with no bf16-rounded products (``machina.precision``), so a run's
+periodic evaluation and ``eval.py`` score a policy alike on a CPU whatever the run's speed settings. It uses only
+the public ``Env`` API, so it works for every env.
 """
 
 from collections.abc import Callable
