@@ -16,11 +16,7 @@ def test_compare_measures_each_configuration_under_its_own_flags(monkeypatch, ca
         return run(self, progress)
 
     monkeypatch.setattr(Learner, "run", recording_run)
-    saved = torch.get_float32_matmul_precision()
-    try:
-        results = training.main(["--epochs", "1", "--compare", "system.bf16_matmuls=false,true", "debug=tiny"])
-    finally:
-        torch.set_float32_matmul_precision(saved)
+    results = training.main(["--epochs", "1", "--compare", "system.bf16_matmuls=false,true", "debug=tiny"])
     # Every update of the first configuration (its epochs and its learner-only rate) ran at full float32 precision
     # (TF32 allowed, as system.tf32 says), every one of the second with bf16 products.
     assert sorted(map(sorted, seen.values())) == [["high"], ["medium"]]
