@@ -30,6 +30,7 @@ from machina import checks
 from machina.cli import new_folder_command
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
+from machina.files.trusted import in_force
 from machina.logging.sink import Sinks
 from machina.run_folder import history, run_record
 from machina.run_folder.run_lock import RunLock
@@ -75,7 +76,9 @@ def run_locked(
     cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resume_from: Path | None, lock: RunLock
 ) -> float:
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
-    checkpoint = load_checkpoint(resume_from) if resume_from else None
+    # The checkpoint may name only classes this command's configuration names (its search path, its own settings);
+    # restore then compares its architecture with the composed one.
+    checkpoint = load_checkpoint(resume_from, in_force(cfg)) if resume_from else None
     parts = build(cfg, distributed.rank())
     with closing(parts.env):  # an env stepped in worker processes stops them, whatever ends the run
         env, policy = parts.env, parts.policy

@@ -48,6 +48,7 @@ from machina.files import checksum
 from machina.files.atomic import atomic_write
 from machina.files.saved_state import within
 from machina.files.snapshot import capture_rng, nonfinite, restore_rng
+from machina.files.trusted import Trusted
 from machina.policy.allowlist import architecture
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
 from machina.training import checkpoint_schema, distributed
@@ -220,8 +221,9 @@ class Checkpointer:
         return f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a training checkpoint safely; a policy file or a foreign file is refused with a clear message."""
+def load_checkpoint(path: str | Path, trusted: Trusted | None = None) -> dict[str, Any]:
+    """Read a training checkpoint safely; a policy file or a foreign file is refused with a clear message, and so is
+    a policy naming a class the ``trusted`` configuration does not name (None: ``machina.files.trusted.in_force``)."""
     data = read_checkpoint_file(path)
     if data["format"] != FORMAT and str(data["format"]).startswith("machina.checkpoint/"):
         raise ConfigError(
@@ -233,7 +235,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{str(path)!r} has format {data['format']!r}, not a training checkpoint ({FORMAT!r}); resume from a "
             "checkpoint_*.pt or a run folder (policy_*.pt files are for teachers and evaluation)"
         )
-    check_policy_data(data.get("policy"), path)
+    check_policy_data(data.get("policy"), path, trusted)
     checkpoint_schema.check(data, path)
     return data
 
