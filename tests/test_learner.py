@@ -122,10 +122,14 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
         widths.append(float(compiled.learner.experience.metrics()["experience/token_width"]))
     for (name, a), b in zip(eager.learner.policy.named_parameters(), compiled.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs after the compiled updates")
-    assert eager.learner.optimizer.param_groups[0]["lr"] == pytest.approx(float(compiled.learner.optimizer.param_groups[0]["lr"]))
+    assert eager.learner.optimizer.param_groups[0]["lr"] == pytest.approx(
+        float(compiled.learner.optimizer.param_groups[0]["lr"])
+    )
     assert widths == [61.0, 71.0, 81.0]
     assert graphs[0] > 0 and graphs[2] == graphs[1] == graphs[0], f"graphs compiled after each epoch: {graphs}"
-    assert "train.update" in compiled.learner.stopwatch.totals and "train.forward" not in compiled.learner.stopwatch.totals
+    assert (
+        "train.update" in compiled.learner.stopwatch.totals and "train.forward" not in compiled.learner.stopwatch.totals
+    )
 
 
 @pytest.mark.parametrize("policy", ["fast", "vit"])
