@@ -82,10 +82,10 @@ def run_locked(
     parts = build(cfg, distributed.rank())
     with closing(parts.env):  # an env stepped in worker processes stops them, whatever ends the run
         env, policy = parts.env, parts.policy
-        # The run's id (the sinks' RunInfo.id: W&B's run id): a resume keeps the checkpoint's, so W&B continues that
-        # run; a new run gets its id here, so its first checkpoint records it.
-        run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
-        checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
+        # The run's own id (the sinks' RunInfo.id): a resume keeps the checkpoint's, so W&B continues that run; a
+        # new run gets its id here, so its first checkpoint records it.
+        run_id = checkpoint["run_id"] if checkpoint else secrets.token_hex(4)
+        checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec, resolved, run_id)
         evaluator = periodic_eval(cfg, parts, run_dir)  # on every rank: each plays a share
         # Rank 0 logs; its sinks open below, once the resume is accepted.
         sinks = build_sinks(cfg, run_dir, run_id, resolved) if main else Sinks()

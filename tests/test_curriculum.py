@@ -191,7 +191,7 @@ def test_training_runs_each_stage_on_its_maps_logs_the_stage_and_ends_on_the_def
     trainer = build_trainer(cfg, build(cfg), sinks=[])
     sink = Rows()
     trainer.sinks = [sink]
-    pool = trainer.env.pool
+    pool = trainer.rollout.env.pool
     pool_maps = []
     run_epoch = trainer.run_epoch
 
@@ -205,7 +205,7 @@ def test_training_runs_each_stage_on_its_maps_logs_the_stage_and_ends_on_the_def
     assert [row["curriculum/stage"] for row in sink.rows] == [0, 1, 1]
     assert (pool_maps[0] == 25).all()  # the episodes the first epoch's resets started from
     assert (pool_maps[1] == 121).all() and (pool_maps[2] == 121).all()
-    assert trainer.env.settings() == {"region_size": None, "inventory_cap": 4}
+    assert trainer.rollout.env.settings() == {"region_size": None, "inventory_cap": 4}
 
 
 @pytest.mark.parametrize("resume_after", [1, 2])

@@ -384,4 +384,4 @@ def test_a_game_file_trains_one_debug_epoch(game, tmp_path):
     cfg = compose_config([*overrides, "policy=fast"])
     trainer = build_trainer(cfg, build(cfg), sinks=[])
     trainer.rollout.run(trainer.progress)
-    assert trainer.env.spec.num_actions == 5
+    assert trainer.rollout.env.spec.num_actions == 5

@@ -125,8 +125,10 @@ def test_a_restored_rollout_acts_on_the_new_episodes_the_env_started():
     restored = build_trainer(cfg, build(cfg), sinks=[])
     restored.load_local_state_dict(saved)
     step = restored.rollout.step_td
-    assert not torch.equal(first.rollout.step_td[keys.OBS], restored.env.observe()[keys.OBS])  # what was saved
-    assert torch.equal(step[keys.OBS], restored.env.observe()[keys.OBS]) and (step[keys.EPISODE_START] == 1).all()
+    assert not torch.equal(first.rollout.step_td[keys.OBS], restored.rollout.env.observe()[keys.OBS])  # what was saved
+    assert (
+        torch.equal(step[keys.OBS], restored.rollout.env.observe()[keys.OBS]) and (step[keys.EPISODE_START] == 1).all()
+    )
     assert all((value == 0).all() for value in restored.rollout.state.values())
     restored.rollout.run(restored.progress)  # and it trains on from there
 
