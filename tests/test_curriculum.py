@@ -168,10 +168,8 @@ def test_an_env_without_schedulable_settings_refuses_a_curriculum():
     from machina.env.gymnasium import GymnasiumEnv
 
     env = GymnasiumEnv(id="CartPole-v1", num_envs=2)
-    with pytest.raises(ConfigError, match="cannot change"):
+    with pytest.raises(ConfigError, match="^trainer.curriculum: GymnasiumEnv has no settings a curriculum can change"):
         Curriculum([{"until": 10, "env": {"region_size": 5}}], env)
-    with pytest.raises(ConfigError, match="no settings a curriculum can change"):
-        env.configure(region_size=5)
 
 
 class Rows:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from machina import checks
+from machina.env.base import Resumable
 from machina.errors import ConfigError, EnvFailed, Interrupted, TrainingStopped
 from machina.files.saved_state import within
 from machina.logging.sink import Sink
@@ -149,7 +150,7 @@ class Trainer:
         """What each rank owns: its envs, its rollout (live observation, recurrent state) and its losses' rollout
         state (``Loss.get_extra_state``)."""
         return {
-            "env": self.env.state_dict(),
+            "env": self.env.state_dict() if isinstance(self.env, Resumable) else {},
             "rollout": self.rollout.state_dict(),
             "losses": {name: loss.state_dict() for name, loss in self.losses.items()},
         }
@@ -157,8 +158,14 @@ class Trainer:
     def load_local_state_dict(self, saved: dict) -> None:
         """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh. Each part checks what
         it restores; a ConfigError names the entry (``env.pos``)."""
-        with within("env."):
-            self.env.load_state_dict(saved["env"])
+        if isinstance(self.env, Resumable):
+            with within("env."):
+                self.env.load_state_dict(saved["env"])
+        else:
+            log.warning(
+                "%s has no resumable state (machina.env.base.Resumable): its episodes start anew",
+                type(self.env).__name__,
+            )
         with within("rollout."):
             self.rollout.load_state_dict(saved["rollout"])
         for name, loss in self.losses.items():

@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.env.base import Env
+from machina.env.base import Env, Grouped, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError, EnvFailed
@@ -39,7 +39,7 @@ BASE_STATS = ("episodes", "return", "length")
 INSTALL_HINT = "env=mettagrid needs the mettagrid extra: pip install -e '.[mettagrid]'"
 
 
-class MettaGridEnv(Env):
+class MettaGridEnv(Env, Resumable, Grouped):
     """E envs of the MettaGrid game ``game``; see the module docstring.
 
     Settings: ``game`` (a shipped game's name or a .yaml / .json path), ``max_steps`` (None: the game's own episode
@@ -49,9 +49,13 @@ class MettaGridEnv(Env):
     (episode stat name -> MettaGrid agent stat, summed over an env's agents when its episode ends). ``outputs``
     is taken for the common constructor signature; this env declares no optional outputs. ``stagger`` False plays
     whole first episodes (evaluation).
+
+    Capabilities (``machina.env.base``): ``Resumable`` without continuing episodes (MettaGrid's C++ state is not
+    saved: the episode counters and stat sums are, and a restored env starts new episodes with the seeds that follow
+    them); ``Grouped`` (two groups with ``overlap``, ``host_processes`` worker processes).
     """
 
-    continues_episodes = False  # MettaGrid's C++ state is not saved: a restored env starts new episodes
+    continues_episodes = False
 
     def __init__(
         self,
