@@ -9,11 +9,11 @@
 It plays random actions on the CPU (or ``device``) and checks, raising ``ConformanceError`` with one sentence that
 says what to implement:
 
-- the core (``machina.env.base.Env``): ``spec`` (an ``EnvSpec`` of the asked ``num_envs``), and what ``reset`` and
-  ``step`` return (a TensorDict of batch [N] on the env's device; ``OBS`` of the shape and dtype ``spec.obs``
-  describes, ``REWARDS`` float32 [N], ``TERMINATED`` / ``TRUNCATED`` bool [N]; ``FINAL_OBS`` on exactly the steps
-  that truncate when ``spec.observes_time`` is False, never when True; each optional output of ``spec.outputs``
-  when asked for and no other);
+- the core (``machina.env.base.Env``): ``spec`` (an ``EnvSpec`` of the asked ``num_envs``), and what ``reset``,
+  ``step`` and a ``Resumable`` env's ``observe`` return (a TensorDict of batch [N] on the env's device; ``OBS`` of
+  the shape and dtype ``spec.obs`` describes, ``REWARDS`` float32 [N], ``TERMINATED`` / ``TRUNCATED`` bool [N];
+  ``FINAL_OBS`` on exactly the steps that truncate when ``spec.observes_time`` is False, never when True; each
+  optional output of ``spec.outputs`` when asked for and no other);
 - episode statistics: ``episode_stats`` holds ``episodes``, ``return``, ``length`` as 0-d float32 tensors on the
   device and zeroes its sums on each call; ``last_episodes`` holds float32 [E] of the same names, whose
   ``episodes`` add up to the episodes ``episode_stats`` counted;
@@ -33,16 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from machina import keys
-from machina.conformance.failure import ConformanceError
+from machina.conformance.env_outputs import OUTCOMES, action_source, check_stats, check_step, fail
 from machina.env.base import CAPABILITIES, Capturable, Configurable, Env, Grouped, Renderable, Resumable
 from machina.env.spec import EnvSpec, ObsSpec, VectorObsSpec
 
 CORE = ("reset", "step", "episode_stats", "last_episodes")
-OUTCOMES = {keys.REWARDS: torch.float32, keys.TERMINATED: torch.bool, keys.TRUNCATED: torch.bool}
-BASE_STATS = ("episodes", "return", "length")
 # Flags of the env interface before capabilities: an env that sets one meant to declare the capability.
 FLAGS = {"continues_episodes": Resumable, "capturable": Capturable, "groups": Grouped, "host_processes": Grouped}
 
@@ -76,6 +73,8 @@ def check_env(
         actions = action_source(spec, first.device, seed)
         check_step(first.reset(), f"{name}.reset", first, frozenset(), first_step=True)
         check_episodes(first, name, actions, steps)
+        if isinstance(first, Resumable):
+            check_step(first.observe(), f"{name}.observe", first, frozenset(), first_step=True)
         if isinstance(first, Configurable):
             check_configure(first, name)
         if isinstance(first, Renderable):
@@ -105,10 +104,6 @@ def maker(env: type[Env] | Callable[..., Env], settings: Mapping | None, device,
     return lambda seed, outputs=frozenset(), stagger=True: env(
         seed=seed, num_envs=num_envs, outputs=outputs, stagger=stagger
     )
-
-
-def fail(message: str) -> None:
-    raise ConformanceError(message)
 
 
 def check_declared(env: Env, name: str) -> None:
@@ -150,59 +145,6 @@ def check_spec(env: Env, name: str, num_envs: int) -> EnvSpec:
     return spec
 
 
-def obs_layout(spec: EnvSpec) -> tuple[tuple[int, ...], torch.dtype]:
-    """The shape and dtype of ``OBS`` that ``spec`` describes."""
-    n = spec.num_agents
-    if isinstance(spec.obs, ObsSpec):
-        return (n, spec.obs.max_tokens, 3), torch.uint8
-    return (n, spec.obs.size), torch.float32
-
-
-def check_step(td: object, where: str, env: Env, outputs: frozenset[str], first_step: bool = False) -> TensorDict:
-    """What ``reset`` (``first_step``: zero rewards, no ends) or ``step`` returned, against the spec."""
-    spec, n = env.spec, env.spec.num_agents
-    if not isinstance(td, TensorDict) or td.batch_size != torch.Size([n]):
-        fail(
-            f"{where} returned {type(td).__name__} {getattr(td, 'batch_size', '')}: return a TensorDict of batch [{n}]."
-        )
-    required = {keys.OBS, *OUTCOMES, *outputs}
-    missing = sorted(required - set(td.keys()))
-    if missing:
-        fail(f"{where} returns no {', '.join(missing)}: return every key the env contract and outputs ask for.")
-    extra = sorted(set(td.keys()) - required - {keys.FINAL_OBS})
-    if extra:
-        fail(f"{where} returns {', '.join(extra)} unasked: return an optional output only when outputs names it.")
-    obs_shape, obs_dtype = obs_layout(spec)
-    expected = {keys.OBS: (obs_shape, obs_dtype), keys.FINAL_OBS: (obs_shape, obs_dtype)}
-    expected.update({key: ((n,), dtype) for key, dtype in OUTCOMES.items()})
-    for key, value in td.items():
-        shape, dtype = expected.get(key, ((n, *value.shape[1:]), value.dtype))
-        if tuple(value.shape) != shape or value.dtype != dtype:
-            fail(
-                f"{where} returns {key} as {value.dtype} {tuple(value.shape)}: return {dtype} {shape}, as the spec "
-                "and the env contract say."
-            )
-        if value.device.type != env.device.type:
-            fail(f"{where} returns {key} on {value.device}: return every tensor on the env's device ({env.device}).")
-    truncated = bool(td[keys.TRUNCATED].any())
-    if first_step and (bool(td[keys.REWARDS].any()) or truncated or bool(td[keys.TERMINATED].any())):
-        fail(f"{where} returns rewards or episode ends: a first observation comes with zero rewards and no ends.")
-    has_final = keys.FINAL_OBS in td.keys()
-    if spec.observes_time and has_final:
-        fail(f"{where} returns {keys.FINAL_OBS} although spec.observes_time is True: return it only when False.")
-    if not spec.observes_time and has_final != truncated:
-        fail(
-            f"{where} returns {keys.FINAL_OBS} {'without' if has_final else 'on'} a truncation: with "
-            f"spec.observes_time False, return it on exactly the steps where an agent is truncated."
-        )
-    return td
-
-
-def action_source(spec: EnvSpec, device: torch.device, seed: int) -> Callable[[], torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    return lambda: torch.randint(0, spec.num_actions, (spec.num_agents,), generator=generator).to(device)
-
-
 def check_episodes(env: Env, name: str, actions: Callable[[], torch.Tensor], steps: int) -> None:
     """Step until an episode ends, then check ``episode_stats`` and ``last_episodes`` on it."""
     for _ in range(steps):
@@ -225,20 +167,6 @@ def check_episodes(env: Env, name: str, actions: Callable[[], torch.Tensor], ste
         fail(f"{name}.last_episodes has {sorted(last)}, episode_stats {sorted(stats)}: report the same stat names.")
     if float(last["episodes"].sum()) != float(stats["episodes"]):
         fail(f"{name}.last_episodes' episodes do not add up to episode_stats': count each env's ended episodes alike.")
-
-
-def check_stats(stats: object, where: str, env: Env, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    if not isinstance(stats, dict) or not set(BASE_STATS) <= set(stats):
-        fail(
-            f"{where} returned {sorted(stats) if isinstance(stats, dict) else stats!r}: return a dict with at "
-            f"least {', '.join(BASE_STATS)}."
-        )
-    for key, value in stats.items():
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or tuple(value.shape) != shape:
-            fail(f"{where}['{key}'] is not a float32 tensor of shape {shape}: return float32 {shape} tensors.")
-        if value.device.type != env.device.type:
-            fail(f"{where}['{key}'] is on {value.device}: keep episode statistics on the env's device ({env.device}).")
-    return stats
 
 
 def check_configure(env: Env, name: str) -> None:
