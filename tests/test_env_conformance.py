@@ -151,6 +151,14 @@ class UndeclaredState(Lane):
     observe, state_dict, load_state_dict = ForgetsTime.observe, ForgetsTime.state_dict, ForgetsTime.load_state_dict
 
 
+class Untimed(Lane):
+    """Says its observation lacks the time, but never hands the final observation of a truncated episode."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.spec = EnvSpec(self.spec.num_envs, 1, 3, VectorObsSpec(2), frozenset(), observes_time=False)
+
+
 class OldFlags(Lane):
     capturable = True
 
@@ -164,6 +172,7 @@ class OldFlags(Lane):
         (ForgetsTime, "ForgetsTime: a restored copy does not continue the original (observe() differs in env_obs)"),
         (NoTeacher, "NoTeacher.reset returns no teacher_actions: return every key the env contract and outputs"),
         (UndeclaredState, "UndeclaredState implements observe, state_dict, load_state_dict but is not machina.env."),
+        (Untimed, "Untimed.step returns no final_obs on a step with a truncation: with spec.observes_time False, "),
         (OldFlags, "OldFlags sets capturable but is not machina.env.base.Capturable, so the trainer never reads it"),
     ],
 )

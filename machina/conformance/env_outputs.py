@@ -62,9 +62,10 @@ def check_step(td: object, where: str, env: Env, outputs: frozenset[str], first_
     if spec.observes_time and has_final:
         fail(f"{where} returns {keys.FINAL_OBS} although spec.observes_time is True: return it only when False.")
     if not spec.observes_time and has_final != truncated:
+        given, step = ("a", "without") if has_final else ("no", "with")
         fail(
-            f"{where} returns {keys.FINAL_OBS} {'without' if has_final else 'on'} a truncation: with "
-            f"spec.observes_time False, return it on exactly the steps where an agent is truncated."
+            f"{where} returns {given} {keys.FINAL_OBS} on a step {step} a truncation: with spec.observes_time "
+            "False, return it on exactly the steps where an agent is truncated."
         )
     return td
 
