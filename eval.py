@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import sys
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -155,14 +154,10 @@ def write_results(out_dir: Path, result: dict[str, Any], frames: list | None, fp
 
 def replay_frames(cfg: DictConfig, evaluator: Evaluator, policy: torch.nn.Module) -> list | None:
     """The replay's frames (``replay=true``), or None. An env that cannot draw is refused before anything is played
-    (its ``render`` takes no drawing options, so it is asked without them first)."""
+    (``Evaluator.check_replays``)."""
     if not cfg.replay:
         return None
-    try:
-        with closing(evaluator.env(num_envs=1)) as env:
-            env.render(0)
-    except NotImplementedError as err:
-        raise ConfigError(f"{err}; set replay=false") from None
+    evaluator.check_replays("replay=false")
     return evaluator.episode_frames(policy, cfg.replay_steps, cell=cfg.replay_cell)
 
 

@@ -142,11 +142,7 @@ def periodic_eval(cfg: DictConfig, parts, run_dir: Path) -> PeriodicEval | None:
         seed=parts.system.seed + settings.seed_offset,
     )
     if cfg.trainer.replay_interval:
-        try:
-            with closing(evaluator.env(num_envs=1)) as env:
-                env.render(0)
-        except NotImplementedError as err:
-            raise ConfigError(f"{err}; set trainer.replay_interval=0") from None
+        evaluator.check_replays("trainer.replay_interval=0")
     return PeriodicEval(evaluator, run_dir / "replays")
 
 

@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.conformance.env import check_env
 from machina.env.base import Env
 from machina.env.factory import env_factory
 from machina.env.spec import EnvSpec, VectorObsSpec
@@ -99,6 +100,11 @@ class WantsLandmarks(Loss):
 
     def forward(self, minibatch, policy_out, progress):
         return {}
+
+
+def test_the_new_env_passes_the_conformance_check():
+    """What its author runs in one line: the core, its optional output, its episode statistics."""
+    check_env(Corridor, {"length": 4, "max_steps": 10})
 
 
 def test_a_new_env_trains_one_debug_epoch_and_a_loss_gets_its_optional_output():

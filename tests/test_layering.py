@@ -8,7 +8,8 @@
     3  machina.losses (read the policy's outputs)
     4  machina.training, machina.evaluation, machina.logging: the loop and what it measures and reports
     5  the application: machina.startup (the config into parts), machina.run_folder, machina.run, machina.cli,
-       machina.compare, machina.plot, machina.bench, machina.speed (benchmarks)
+       machina.compare, machina.plot, machina.bench, machina.speed (benchmarks), machina.conformance (the kit that
+       checks a part against what the trainer relies on)
 
 machina.run_folder is in the application layer: it lists the checkpoints training writes (``history`` reads them
 through ``machina.training.checkpoint``), and nothing below the application needs a run folder's history, lock or
@@ -46,6 +47,7 @@ LAYERS = (
         "machina.plot",
         "machina.bench",
         "machina.speed",
+        "machina.conformance",
     ),
 )
 
@@ -115,8 +117,8 @@ def test_imports_point_down():
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("machina.env.grid", "from machina.training.trainer import Trainer\n"),
-        ("machina.env.grid", "import machina.losses.ppo\n"),
+        ("machina.env.machina_1.grid", "from machina.training.trainer import Trainer\n"),
+        ("machina.env.machina_1.grid", "import machina.losses.ppo\n"),
         ("machina.files.atomic", "from machina import policy\n"),
         ("machina.losses.ppo", "def lazy():\n    from machina.training import learner\n"),
         ("machina.training.learner", "from ..run_folder import history\n"),
@@ -132,7 +134,7 @@ def test_an_upward_import_is_found(module, source):
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("machina.env.grid", "from machina import keys\nfrom machina.errors import ConfigError\n"),
+        ("machina.env.machina_1.grid", "from machina import keys\nfrom machina.errors import ConfigError\n"),
         ("machina.training.learner", "from machina.losses.base import Loss\nfrom . import advantage\n"),
         ("machina.training.trainer", "from machina.evaluation.evaluator import Evaluator\n"),
         ("machina.run", "import machina.training.trainer\nimport torch\n"),

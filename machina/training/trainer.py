@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 
 from machina import checks
+from machina.env.base import Resumable
 from machina.errors import ConfigError, EnvFailed, Interrupted, TrainingStopped
 from machina.files import saved_state
 from machina.files.saved_state import within
@@ -133,7 +134,7 @@ class Trainer:
         """What each rank owns: its envs, its rollout (live observation, recurrent state) and its losses' rollout
         state (``Loss.get_extra_state``)."""
         return {
-            "env": self.rollout.env.state_dict(),
+            "env": self.rollout.env.state_dict() if isinstance(self.rollout.env, Resumable) else {},
             "rollout": self.rollout.state_dict(),
             "losses": {name: loss.state_dict() for name, loss in self.learner.losses.items()},
         }
@@ -141,8 +142,14 @@ class Trainer:
     def load_local_state_dict(self, saved: dict) -> None:
         """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh. Each part checks what
         it restores; a ConfigError names the entry (``env.pos``)."""
-        with within("env."):
-            self.rollout.env.load_state_dict(saved["env"])
+        env = self.rollout.env
+        if isinstance(env, Resumable):
+            with within("env."):
+                env.load_state_dict(saved["env"])
+        else:
+            log.warning(
+                "%s has no resumable state (machina.env.base.Resumable): its episodes start anew", type(env).__name__
+            )
         with within("rollout."):
             self.rollout.load_state_dict(saved["rollout"])
         for name, loss in self.learner.losses.items():
