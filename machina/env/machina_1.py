@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.env import layout as layouts
 from machina.env.base import Env
 from machina.env.grid import (
@@ -63,7 +63,7 @@ from machina.env.grid import (
     feature_table,
 )
 from machina.env.machina_1_obs import TokenEncoder
-from machina.env.machina_1_settings import check_settings, is_int
+from machina.env.machina_1_settings import check_settings
 from machina.env.pool import EpisodePool, Episodes
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.env.step_buffers import StepBuffers
@@ -222,7 +222,7 @@ class Machina1Env(Env):
             self.sampler.set_region(settings["region_size"])
         if "inventory_cap" in settings:
             cap = settings["inventory_cap"]
-            if not is_int(cap) or not 1 <= cap <= self.inventory_cap:
+            if not checks.is_integer(cap) or not 1 <= cap <= self.inventory_cap:
                 raise ConfigError(
                     f"env.inventory_cap={cap!r} during training must be an integer in 1..{self.inventory_cap} (the "
                     "cap the env was built with, which sets the observation's inventory norms)"

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from machina import checks
 from machina.files import saved_state
 from machina.files.saved_state import within
 
@@ -99,5 +100,5 @@ def checked(saved: dict, params: dict[str, torch.Tensor]) -> tuple[int, dict[str
     entry) unless the weights are ``params``' names, shapes and dtypes, and finite."""
     saved = saved_state.mapping(saved, "average", ("updates", "training_weights"))
     with within("average."):
-        updates = saved_state.integer(saved["updates"], "updates", 0)
+        updates = checks.integer("updates", saved["updates"], 0, saved_state.INT64_MAX)
         return updates, saved_state.like(saved["training_weights"], params, "training_weights")
