@@ -3,6 +3,11 @@
 Order as in CleanRL's main: system -> losses -> env -> policy -> experience -> optimizer -> rollout and learner,
 each injected into the next; ``build_trainer`` puts the two phases into the epoch loop. ``machina.run`` adds the run
 folder, sinks, checkpoints and evaluation; benchmarks and tests build the same parts here.
+
+A part does not know where it was configured: the same loss class can be enabled as ``losses.ppo`` and
+``losses.ppo2``. So its constructor names its settings relative to its own node (``clip_coef=-1 must be ...``), and
+the part is built here inside ``configured(path)``, which puts the path in front of its refusal
+(``losses.ppo2.clip_coef=-1 must be ...``).
 """
 
 import inspect
@@ -98,8 +103,34 @@ def int_settings(node, prefix: str = "") -> Iterator[tuple[str, int]]:
             yield f"{prefix}{key}", value
 
 
+@contextmanager
+def configured(path: str) -> Iterator[None]:
+    """Put ``path``, where the part being built is configured, in front of a ConfigError raised while it is built;
+    one raised by a node that Hydra builds inside it (``learner.advantage``, a schedule under a loss) gets that
+    node's path. A message that already begins with the path is left as it is (the env, the learner and the trainer
+    name their settings in full: their place is fixed). The one line ``machina.cli`` reports is then the message."""
+    try:
+        yield
+    except InstantiationException as err:
+        if not isinstance(err.__cause__, ConfigError):
+            raise
+        node = re.search(r"^full_key: (\S+)$", str(err), re.M)  # Hydra's path of the node it was building
+        inner = node.group(1) if node else ""
+        # The path from the root of what was instantiated: absolute for a config node, relative for a plain dict.
+        where = inner if inner == path or inner.startswith(f"{path}.") else ".".join(filter(None, (path, inner)))
+        raise ConfigError(placed(where, str(err.__cause__))) from None
+    except ConfigError as err:
+        raise ConfigError(placed(path, str(err))) from None
+
+
+def placed(path: str, message: str) -> str:
+    """``message`` with ``path.`` in front, unless it already begins with ``path``."""
+    return message if message.startswith((f"{path}.", f"{path}=", f"{path} ")) else f"{path}.{message}"
+
+
 def build_parts(cfg: DictConfig, rank: int) -> Parts:
-    system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
+    with configured("system"):
+        system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
     if cfg.system.compile == "auto":
         log.info("system.compile=auto: %s", "compiling the policy and the update" if system.compile else "eager")
     device = distributed.rank_device(system.apply())
@@ -111,8 +142,9 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     check_policy_outputs(losses, policy)
     if system.compile:
         policy.compile()  # in place: parameter names (and so checkpoints) stay those of the eager module
-    for loss in losses.values():
-        loss.setup(env.spec, device, distributed.all_reduce_sum)
+    for name, loss in losses.items():
+        with configured(f"losses.{name}"):
+            loss.setup(env.spec, device, distributed.all_reduce_sum)
         loss.to(device)
     spec = merge_specs(
         {
@@ -123,28 +155,31 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     )
     state = policy.initial_state(1, device)
     state_spec = {key: (tuple(value.shape[1:]), value.dtype) for key, value in state.items()}
-    experience = instantiate(
-        cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
-    )
+    with configured("experience"):
+        experience = instantiate(
+            cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
+        )
     optimizer = instantiate(cfg.optimizer)(policy.parameters())
     stopwatch = Stopwatch()
     execution = Execution.for_device(system.compile, system.cuda_graphs, device)
     rollout = Rollout(env, policy, losses, experience, stopwatch, execution)
-    learner = instantiate(
-        cfg.learner,
-        policy=policy,
-        losses=losses,
-        experience=experience,
-        optimizer=optimizer,
-        stopwatch=stopwatch,
-        execution=execution,
-    )
+    with configured("learner"):
+        learner = instantiate(
+            cfg.learner,
+            policy=policy,
+            losses=losses,
+            experience=experience,
+            optimizer=optimizer,
+            stopwatch=stopwatch,
+            execution=execution,
+        )
     return Parts(system, device, make_env, env, policy, losses, experience, optimizer, rollout, learner)
 
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
     """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
-    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
+    with configured("trainer"):
+        return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
 
 
 def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> Sinks:
@@ -189,7 +224,8 @@ def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
             )
         kwargs = {k: v for k, v in node.items() if k != "enabled"}
         if node.get("enabled", True):
-            losses[name] = instantiate(kwargs, _convert_="all")
+            with configured(f"losses.{name}"):
+                losses[name] = instantiate(kwargs, _convert_="all")
     return losses
 
 

@@ -55,27 +55,26 @@ class System:
         cuda_graphs: bool = False,
         rank: int = 0,
     ):
+        # Settings are named relative to this node (``seed``); machina.startup.build puts ``system.`` in front.
         # numpy's generator takes seeds below 2**32; the rank is added under torchrun.
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed + rank < 2**32:
-            raise ConfigError(f"system.seed must be an integer in 0 .. 2**32 - 1 - rank, got {seed!r}")
-        if not isinstance(threads, int) or threads < 0:
-            raise ConfigError(f"system.threads must be a non-negative integer (0 = torch default), got {threads!r}")
+        checks.integer("seed", seed, 0, 2**32 - 1 - rank, " (numpy's seeds are below 2**32; the rank is added)")
+        checks.integer("threads", threads, 0, why=" (0: torch's default)")
         self.seed = seed + rank
-        self.device = checks.device("system.device", device)
+        self.device = checks.device("device", device)
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
         self.tf32 = bool(tf32)
-        self.bf16_matmuls = checks.flag("system.bf16_matmuls", bf16_matmuls)
+        self.bf16_matmuls = checks.flag("bf16_matmuls", bf16_matmuls)
         if compile not in (True, False, "auto"):
-            raise ConfigError(f"system.compile must be true, false or auto, got {compile!r}")
+            raise ConfigError(f"compile={compile!r:.80} must be true, false or auto")
         if compile == "auto":
             compile = total_timesteps >= compile_min_timesteps and compiler_present(self.device)
         self.compile = compile
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
-                f"system.cuda_graphs=true captures CUDA graphs, but system.device resolved to {self.device}; "
-                "use a CUDA device or system.cuda_graphs=false"
+                f"cuda_graphs=true captures CUDA graphs, but device resolved to {self.device}; use a CUDA device or "
+                "cuda_graphs=false"
             )
 
     def apply(self) -> torch.device:
