@@ -88,6 +88,30 @@ def test_bf16_matmuls_round_a_float32_products_inputs_to_bfloat16_and_off_restor
     assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
 
 
+def test_bf16_matmuls_are_tf32_products_on_a_gpu_even_with_tf32_off():
+    """On CUDA, torch's "medium" precision of float32 products is TF32 (there is no bfloat16 path for them): the
+    switch cuBLAS reads says TF32 although system.tf32=false; convolutions follow system.tf32 alone."""
+    System(device="cpu", bf16_matmuls=True, tf32=False).apply_flags()
+    assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is False
+    System(device="cpu", bf16_matmuls=False, tf32=False).apply_flags()
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_matmuls_on_a_gpu_keep_more_than_bfloat16s_precision_and_say_so(caplog):
+    """TF32 keeps 10 bits of mantissa where bfloat16 keeps 8: the product is several times closer to the exact one
+    than the product of bfloat16-rounded inputs; the start-up log says the products are TF32."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 128, generator=g), torch.randn(128, 512, generator=g)
+    exact = (a.double() @ b.double()).float()
+    bf16_error = ((a.bfloat16().double() @ b.bfloat16().double()).float() - exact).abs().max()
+    with caplog.at_level("WARNING", logger="machina.startup.system"):
+        System(device="cuda", bf16_matmuls=True, tf32=False).apply_flags()
+    assert "run in TF32 although system.tf32=false" in caplog.text
+    error = ((a.cuda() @ b.cuda()).cpu() - exact).abs().max()
+    assert error < bf16_error / 2, (error, bf16_error)
+
+
 def test_evaluation_computes_in_float32_inside_a_bf16_run_and_gives_the_run_its_setting_back():
     from machina.precision import float32_products
 

@@ -31,7 +31,7 @@ from machina.env.factory import env_factory
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
-from machina.logging.identity import wandb_identity
+from machina.logging.identity import run_identity
 from machina.logging.sink import RunInfo, Sink, Sinks
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
@@ -186,8 +186,7 @@ def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> 
     """The sinks of the ``logger`` group (``logger.<name>``: a ``_target_``, a ``machina.logging.sink.Sink``
     subclass, and its settings), built by ``Sink.for_run`` when ``Sinks.open`` runs (once the run is accepted). A
     target that is not a sink, or a setting it does not take, is refused here, before anything is written."""
-    who = wandb_identity(cfg)
-    run = RunInfo(run_dir, run_id, resolved, who["name"], who["group"], who["tags"], who["job_type"])
+    run = RunInfo(run_dir, run_id, resolved, **run_identity(cfg))
     openers = []
     for name, node in (cfg.get("logger") or {}).items():
         settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
