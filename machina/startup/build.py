@@ -106,9 +106,10 @@ def int_settings(node, prefix: str = "") -> Iterator[tuple[str, int]]:
 @contextmanager
 def configured(path: str) -> Iterator[None]:
     """Put ``path``, where the part being built is configured, in front of a ConfigError raised while it is built;
-    one raised by a node that Hydra builds inside it (``learner.advantage``, a schedule under a loss) gets that
-    node's path. A message that already begins with the path is left as it is (the env, the learner and the trainer
-    name their settings in full: their place is fixed). The one line ``machina.cli`` reports is then the message."""
+    one raised by a node that Hydra builds inside it (a schedule under a loss, a teacher) gets that node's path. A
+    message that already begins with the path (a part that names its settings in full) is left as it is. Only parts
+    whose refusals name their own settings are built inside it: the env, the policy, the learner and the trainer
+    name theirs in full, and pass on refusals that name other nodes."""
     try:
         yield
     except InstantiationException as err:
@@ -163,23 +164,29 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     stopwatch = Stopwatch()
     execution = Execution.for_device(system.compile, system.cuda_graphs, device)
     rollout = Rollout(env, policy, losses, experience, stopwatch, execution)
-    with configured("learner"):
-        learner = instantiate(
-            cfg.learner,
-            policy=policy,
-            losses=losses,
-            experience=experience,
-            optimizer=optimizer,
-            stopwatch=stopwatch,
-            execution=execution,
-        )
+    # Built apart, each under its own path, and passed in place of their nodes: the learner's own refusals name its
+    # settings in full (learner.update_epochs) and the refusals it passes on name other nodes (system.cuda_graphs).
+    with configured("learner.advantage"):
+        advantage = instantiate(cfg.learner.advantage)
+    with configured("learner.lr_schedule"):
+        lr_schedule = instantiate(cfg.learner.lr_schedule)
+    learner = instantiate(
+        cfg.learner,
+        advantage=advantage,
+        lr_schedule=lr_schedule,
+        policy=policy,
+        losses=losses,
+        experience=experience,
+        optimizer=optimizer,
+        stopwatch=stopwatch,
+        execution=execution,
+    )
     return Parts(system, device, make_env, env, policy, losses, experience, optimizer, rollout, learner)
 
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
     """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
-    with configured("trainer"):
-        return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
+    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
 
 
 def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> Sinks:
