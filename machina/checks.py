@@ -58,7 +58,7 @@ def device(name: str, value: str) -> torch.device:
         raise ConfigError(f"{name}={value!r} is not a device; use auto, cpu, cuda or cuda:N") from err
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"{name}={value!r} but CUDA is not available here; use {name}=cpu")
+            raise ConfigError(f"{name}={value!r} but CUDA is not available here; set it to cpu or auto")
         if chosen.index is not None and chosen.index >= torch.cuda.device_count():
             raise ConfigError(f"{name}={value!r} but only {torch.cuda.device_count()} CUDA devices exist")
     elif chosen.type != "cpu":

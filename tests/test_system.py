@@ -162,7 +162,7 @@ def test_device_auto_and_errors():
     with pytest.raises(ConfigError, match="system.device='tpu' is not a device"):
         checks.device("system.device", "tpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="CUDA is not available here; use system.device=cpu"):
+        with pytest.raises(ConfigError, match="CUDA is not available here; set it to cpu or auto"):
             checks.device("system.device", "cuda")
 
 
