@@ -84,7 +84,7 @@ def _check_trainer(trainer: dict[str, Any]) -> None:
         _check_optimizer(learner["optimizer"])
         if "average" in learner:
             average = saved_state.mapping(learner["average"], "average", ("updates", "weights"))
-            saved_state.integer(average["updates"], "average.updates", 0)
+            checks.integer("average.updates", average["updates"], 0, INT64_MAX)
             tensors(average["weights"], "average.weights")
 
 
