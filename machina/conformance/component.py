@@ -236,7 +236,15 @@ def run_parts(
         if part is component:
             written_step = {k for k, v in step.items() if before_step.get(k) is not v}
             written_seq = {k for k, v in seq.items() if before_seq.get(k) is not v} - written_step
+            check_slot_written(component, name, written_step)
     return written_step, written_seq
+
+
+def check_slot_written(component: Component, name: str, written: set[str]) -> None:
+    """The key of the component's slot, which the parts after it read, is written by every call."""
+    for key in component.out_keys:
+        if key in SLOT_OF and key not in written:
+            raise ConformanceError(f"{name} lists {key} in out_keys but never writes it: write it or drop it")
 
 
 def check_training_forward(policy: ComponentPolicy, component: Component, name: str, inputs: TensorDict) -> set[str]:
@@ -266,6 +274,7 @@ def check_rollout_step(policy: ComponentPolicy, component: Component, name: str,
             part(td, td)
             if part is component:
                 written = {k for k, v in td.items() if before.get(k) is not v}
+                check_slot_written(component, name, written)
         torch.manual_seed(2)
         whole = policy(one)
     unlisted = sorted(td.read - set(component.in_keys))

@@ -1,14 +1,15 @@
 """``check_loss``: a loss against the ``Loss`` contract (``machina.losses.base``), in a real tiny run.
 
-The loss is built from the composed config as ``train.py`` builds it, trains one ``debug=tiny`` epoch with its hooks,
-is called on a real minibatch, and its state goes through a real checkpoint into a fresh build. One use, in a user's
-own tests::
+The loss is built from the composed config as ``train.py`` builds it, runs its hooks in a rollout, is called on a
+minibatch of it, trains one ``debug=tiny`` epoch, and its state goes through a real checkpoint into a fresh build.
+One use, in a user's own tests::
 
     check_loss("mine", ["hydra.searchpath=[pkg://my_lab.conf]", "losses=[ppo,mine]"])
 """
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from machina.errors import ConfigError, one_line
 from machina.logging.sink import Sinks
 from machina.losses.base import Loss
 from machina.policy.inputs import training_input
+from machina.progress import Progress
 from machina.startup.build import Parts, build, build_trainer
 from machina.training.checkpoint import Checkpointer, load_checkpoint
 
@@ -33,11 +35,11 @@ def check_loss(name: str, overrides: Sequence[str] = ()) -> None:
     ``overrides`` (composed over machina's ``conf/`` at ``debug=tiny`` sizes) meets the ``Loss`` contract.
 
     Checked: it subclasses ``Loss``; it consumes only what the policy writes and declares ``experience_spec`` as
-    ``{key: (shape, dtype)}``; one epoch of training runs its hooks; on a real minibatch ``forward`` reads only stored
-    keys (the trajectory's, the policy's and its ``experience_spec``) and what it ``consumes``, and returns at least
-    one ``loss_*`` term, each a finite 0-d tensor with a gradient, and metrics that are 0-d tensors without one or
-    Python floats; its ``state_dict`` after that epoch, written by a ``Checkpointer`` and restored into a fresh build,
-    is equal.
+    ``{key: (shape, dtype)}``; a rollout runs its hooks; on the first minibatch of that rollout ``forward`` reads only
+    stored keys (the trajectory's, the policy's and its ``experience_spec``) and what it ``consumes``, and returns at
+    least one ``loss_*`` term, each a finite 0-d tensor with a gradient, and metrics that are 0-d tensors without one
+    or Python floats; an epoch trains with it; its ``state_dict`` after that epoch, written by a ``Checkpointer`` and
+    restored into a fresh build, is equal.
     """
     cfg = compose(overrides)
     if name not in (cfg.get("losses") or {}) or not cfg.losses[name].get("enabled", True):
@@ -46,19 +48,25 @@ def check_loss(name: str, overrides: Sequence[str] = ()) -> None:
             f"+losses.{name}._target_=module.Class"
         )
     with tempfile.TemporaryDirectory() as folder:
-        parts, checkpointer = trained(cfg, Path(folder), name)
-        try:
+        parts = build(cfg)
+        with closing(parts.env):
             loss = parts.losses[name]
-            check_forward(parts, loss, name)
+            check_declared(parts, loss, name)
+            checkpointer = checkpointer_of(cfg, parts, Path(folder))
+            checkpointer.prepare()
+            trainer = build_trainer(cfg, parts, sinks=Sinks(), checkpointer=checkpointer)
+            with failing(loss, "a rollout"):
+                parts.policy.eval()
+                parts.rollout.run(trainer.progress)
+                parts.policy.train()
+                parts.learner.prepare()
+            check_forward(parts, loss, trainer.progress)
+            with failing(loss, "an epoch of training"):
+                trainer.train()
             saved = state_of(loss)
-            path = checkpointer.latest
-            fresh, _ = restored(cfg, Path(folder), path)
-            try:
+            fresh = restored(cfg, Path(folder), checkpointer.latest)
+            with closing(fresh.env):
                 difference = first_difference(saved, state_of(fresh.losses[name]), "")
-            finally:
-                fresh.env.close()
-        finally:
-            parts.env.close()
     if difference:
         raise ConformanceError(
             f"{type(loss).__name__}'s state does not survive a checkpoint ({difference}): return all of it from "
@@ -66,23 +74,16 @@ def check_loss(name: str, overrides: Sequence[str] = ()) -> None:
         )
 
 
-def trained(cfg: DictConfig, folder: Path, name: str) -> tuple[Parts, Checkpointer]:
-    """The run's parts after one epoch trained and checkpointed in ``folder``, as ``machina.run`` does it."""
-    parts = build(cfg)
-    loss = parts.losses[name]
-    check_declared(parts, loss, name)
-    checkpointer = checkpointer_of(cfg, parts, folder)
-    checkpointer.prepare()
-    trainer = build_trainer(cfg, parts, sinks=Sinks(), checkpointer=checkpointer)
+@contextmanager
+def failing(loss: Loss, what: str) -> Iterator[None]:
+    """A failure inside the block as the sentence that names the loss and where it failed."""
     try:
-        trainer.train()
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        parts.env.close()
+        yield
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
         raise ConformanceError(
-            f"{type(loss).__name__} fails in an epoch of training ({type(err).__name__}: {one_line(err)}): its hooks "
-            "and forward must take what machina.losses.base.Loss documents"
+            f"{type(loss).__name__} fails in {what} ({type(err).__name__}: {one_line(err)}): its hooks and forward "
+            "must take what machina.losses.base.Loss documents"
         ) from None
-    return parts, checkpointer
 
 
 def checkpointer_of(cfg: DictConfig, parts: Parts, folder: Path) -> Checkpointer:
@@ -91,7 +92,7 @@ def checkpointer_of(cfg: DictConfig, parts: Parts, folder: Path) -> Checkpointer
     return Checkpointer(folder / "checkpoints", resolved["policy"], parts.env.spec.obs, resolved, RUN_ID)
 
 
-def restored(cfg: DictConfig, folder: Path, path: Path) -> tuple[Parts, Any]:
+def restored(cfg: DictConfig, folder: Path, path: Path) -> Parts:
     """A fresh build of the run with the checkpoint at ``path`` restored into it, as a resume does."""
     parts = build(cfg)
     checkpointer = checkpointer_of(cfg, parts, folder)
@@ -104,7 +105,7 @@ def restored(cfg: DictConfig, folder: Path, path: Path) -> tuple[Parts, Any]:
             f"a checkpoint of the run cannot be restored ({one_line(err)}): make load_state_dict take what "
             "state_dict returns"
         ) from None
-    return parts, trainer
+    return parts
 
 
 def check_declared(parts: Parts, loss: Loss, name: str) -> None:
@@ -127,14 +128,14 @@ def check_declared(parts: Parts, loss: Loss, name: str) -> None:
             )
 
 
-def check_forward(parts: Parts, loss: Loss, name: str) -> None:
-    """``forward`` on the buffer's first minibatch after the epoch: what it reads and what it returns."""
+def check_forward(parts: Parts, loss: Loss, progress: Progress) -> None:
+    """``forward`` on the buffer's first minibatch after a rollout: what it reads and what it returns."""
     what = type(loss).__name__
-    learner, experience = parts.learner, parts.experience
-    batch = experience.first_minibatch(learner.advantage(experience))
+    experience = parts.experience
+    batch = experience.first_minibatch(parts.learner.advantage(experience))
     policy_out = parts.policy(training_input(batch.stored, batch.state))
     try:
-        out = loss(batch.data, policy_out, learner.trained_at)
+        out = loss(batch.data, policy_out, progress)
     except KeyError as err:
         raise ConformanceError(
             f"{what} reads a key that is neither stored nor consumed ({one_line(err)}): declare what it stores in "

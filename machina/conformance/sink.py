@@ -19,17 +19,18 @@ from machina.errors import one_line
 from machina.evaluation.gif import save_gif
 from machina.logging.sink import RunInfo, Sink
 
-# Three epochs as the trainer logs them: the counters, a metric with a value no other row has (so that each row can
-# be found in a file a sink writes), a metric without a value (NaN), and a new name in the last row (an evaluation).
+# Three epochs as the trainer logs them: the counters, a metric with a value whose text is in no other row's (so that
+# each row can be found in a file a sink writes), a metric without a value (NaN), and a new name in the last row (an
+# evaluation).
 ROWS: tuple[dict[str, float], ...] = (
-    {"metric/agent_step": 1024, "metric/epoch": 1, "overview/reward": 7.8125, "losses/ppo/entropy": float("nan")},
-    {"metric/agent_step": 2048, "metric/epoch": 2, "overview/reward": 17.8125, "losses/ppo/entropy": 1.5},
-    {"metric/agent_step": 3072, "metric/epoch": 3, "overview/reward": 27.8125, "losses/ppo/entropy": 1.25},
+    {"metric/agent_step": 1024, "metric/epoch": 1, "overview/reward": 1.6875, "losses/ppo/entropy": float("nan")},
+    {"metric/agent_step": 2048, "metric/epoch": 2, "overview/reward": 2.4375, "losses/ppo/entropy": 1.5},
+    {"metric/agent_step": 3072, "metric/epoch": 3, "overview/reward": 3.5625, "losses/ppo/entropy": 1.25},
 )
 TRAINER_METRICS = {"overview/sps": 1000.0, "overview/sps_cumulative": 1000.0}  # what the console line reads
-LAST_ROW_EVAL = {"eval/return": 37.8125}
+LAST_ROW_EVAL = {"eval/return": 4.0625}
 MARKER = "overview/reward"  # the value each row is found by
-SUMMARY = {"final_reward": 27.8125, "best_reward": 27.8125}
+SUMMARY = {"final_reward": 3.5625, "best_reward": 3.5625}
 
 
 def check_sink(
