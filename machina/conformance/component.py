@@ -98,6 +98,19 @@ def check_component(
         check_built(built_policy, slot, name, spec, config)
 
 
+def observation_kinds(policy: Mapping[str, Any]) -> tuple[str, ...]:
+    """The kinds of observations (``ObsSpec.kind``: "tokens", "vector") a policy config builds with: those of
+    ``EXAMPLES`` its encoder takes. What tells which envs a policy can play."""
+    kinds = []
+    for spec in EXAMPLES:
+        try:
+            build(policy_config(dict(policy["encoder"]), "encoder", spec, policy), spec)
+        except Exception:  # noqa: BLE001 - an encoder refuses another kind of observation in its own way
+            continue
+        kinds.append(spec.kind)
+    return tuple(kinds)
+
+
 def component_config(component: type | partial | Mapping[str, Any]) -> dict[str, Any]:
     """The slot's config of a class, a ``functools.partial`` of one, or a config mapping (returned as a dict)."""
     if isinstance(component, Mapping):
