@@ -77,6 +77,29 @@ def test_the_default_recipe_resumes_bit_exactly_and_evaluates(tmp_path):
     assert (tmp_path / "eval" / "eval.json").is_file()
 
 
+class CountingLoss(PPOLoss):
+    """Logs how many rollouts it has seen, a count it keeps out of its state_dict: a resume starts it again."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.rollouts = 0
+
+    def on_rollout_start(self, progress):
+        self.rollouts += 1
+
+    def forward(self, minibatch, policy_out, progress):
+        return {**super().forward(minibatch, policy_out, progress), "rollouts": float(self.rollouts)}
+
+
+def test_a_round_trip_finds_state_that_a_resume_loses(tmp_path):
+    with pytest.raises(ConformanceError) as failed:
+        check_round_trip([f"+losses.mine._target_={__name__}.CountingLoss"], tmp_path)
+    assert str(failed.value).startswith(
+        "after a resume, losses/mine/rollouts of epoch 2 is 1.0 where the uninterrupted run has 2.0: every part must "
+        "save in its state_dict all it carries between epochs"
+    )
+
+
 # Broken components: each fails with the sentence that says what to implement.
 
 
@@ -181,6 +204,10 @@ class ForgetfulLoss(PPOLoss):
         pass
 
 
+class NeedsLidarLoss(PPOLoss):
+    env_outputs = frozenset({"lidar"})
+
+
 @pytest.mark.parametrize(
     ("loss", "message"),
     [
@@ -263,3 +290,17 @@ def test_a_broken_sink_fails_with_what_to_implement(sink, message, tmp_path):
     with pytest.raises(ConformanceError) as failed:
         check_sink(sink, tmp_path, grace_s=0)
     assert str(failed.value).startswith(message) and "\n" not in str(failed.value)
+
+
+def test_a_loss_the_builder_refuses_is_named_with_the_refusal():
+    """A loss reading an env output the env does not declare: start-up's one-line refusal, as the kit's sentence."""
+    with pytest.raises(ConformanceError) as failed:
+        check_loss("mine", [f"+losses.mine._target_={__name__}.{NeedsLidarLoss.__name__}"])
+    message = str(failed.value)
+    assert message.startswith("a run with losses.mine is refused at start-up (loss 'mine' reads the env output lidar")
+    assert "\n" not in message
+
+
+def test_a_component_whose_class_cannot_be_imported_is_named():
+    with pytest.raises(ConformanceError, match=r"^_target_ 'my_lab.nowhere.Encoder' names no class that can be"):
+        check_component({"_target_": "my_lab.nowhere.Encoder", "_partial_": True})

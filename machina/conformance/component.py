@@ -75,7 +75,13 @@ def check_component(
     outputs.
     """
     node = component_config(component)
-    cls = get_class(node["_target_"])
+    try:
+        cls = get_class(node["_target_"])
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+        raise ConformanceError(
+            f"_target_ {node['_target_']!r} names no class that can be imported ({one_line(err)}): name the "
+            "component's class by its module path"
+        ) from None
     name = cls.__name__
     if not (isinstance(cls, type) and issubclass(cls, Component)):
         raise ConformanceError(f"{name} is not a policy component: subclass machina.policy.component.Component")

@@ -48,7 +48,12 @@ def check_loss(name: str, overrides: Sequence[str] = ()) -> None:
             f"+losses.{name}._target_=module.Class"
         )
     with tempfile.TemporaryDirectory() as folder:
-        parts = build(cfg)
+        try:
+            parts = build(cfg)
+        except ConfigError as err:
+            raise ConformanceError(
+                f"a run with losses.{name} is refused at start-up ({one_line(err)}): fix what the message names"
+            ) from None
         with closing(parts.env):
             loss = parts.losses[name]
             check_declared(parts, loss, name)
