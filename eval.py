@@ -7,9 +7,11 @@ a random policy, prints the rows, writes them to ``eval.json`` and (``replay=tru
 command line on top; ``env=<name>`` starts from that env's defaults instead.
 
 The run's settings are read as data (``machina.files.stored_config``, ``machina.env.factory``): nothing in them is
-resolved or instantiated, and their env class must be one of machina's own (``ENVS``), so a run folder or checkpoint
-from elsewhere cannot run code. An env class named by this command (``env=<name>``, ``env._target_=...``) is the
-user's choice and may be any ``machina.env.base.Env``. Every setting of eval.py is
+resolved or instantiated, and the classes they and the policy file name must be named by the configuration in force
+(``machina.files.trusted``: machina's ``conf/`` plus what this command puts on the search path, e.g.
+``hydra.searchpath=[pkg://my_lab.conf]`` for a run of your own env or components), so a run folder or checkpoint from
+elsewhere cannot run code. An env class named by this command (``env=<name>``, ``env._target_=...``) is the user's
+choice and may be any ``machina.env.base.Env``. Every setting of eval.py is
 checked before anything is evaluated or written; a bad one ends it with one line and exit code 2.
 """
 
@@ -17,27 +19,28 @@ import json
 import logging
 import os
 import sys
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from machina import checks
 from machina.cli import report_errors
+from machina.env.base import Env
 from machina.env.factory import check_env_settings, env_factory, imported_module
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
 from machina.evaluation.gif import save_gif
 from machina.files.atomic import atomic_write
 from machina.files.stored_config import plain_mapping, read_yaml
+from machina.files.trusted import Trusted, in_force
 from machina.policy.io import load_policy, read_checkpoint_file
 from machina.run_folder import run_record
 from machina.startup import preflight, resolvers
+from machina.startup.build import named_class
 from machina.training.checkpoint import named_checkpoint, run_folder_of
 
 resolvers.register()
@@ -67,11 +70,12 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> None:
     device = check_settings(cfg)
     check_output_folder(out_dir)
     path = named_checkpoint("checkpoint", str(cfg.checkpoint))
-    policy, obs_spec = load_policy(path, device)
-    env_cfg, source, where, own_class = env_settings(cfg, path, overrides)
-    env_class = named_class(env_cfg.get("_target_")) if own_class else None
+    trusted = in_force(cfg)  # what the files may name: this command's search path and its own settings
+    policy, obs_spec = load_policy(path, device, trusted=trusted)
+    env_cfg, source, where, own_class = env_settings(cfg, path, overrides, trusted)
+    env_class = named_class("env._target_", env_cfg.get("_target_"), Env, "an env") if own_class else None
     try:
-        evaluator = Evaluator(env_factory(env_cfg, device, env_class), cfg.episodes, cfg.greedy, cfg.seed)
+        evaluator = Evaluator(env_factory(env_cfg, device, env_class, trusted), cfg.episodes, cfg.greedy, cfg.seed)
         evaluator.check(obs_spec, policy.num_actions)
     except ConfigError as err:
         raise ConfigError(f"{err} (env settings from {where})") from None
@@ -150,23 +154,21 @@ def write_results(out_dir: Path, result: dict[str, Any], frames: list | None, fp
 
 def replay_frames(cfg: DictConfig, evaluator: Evaluator, policy: torch.nn.Module) -> list | None:
     """The replay's frames (``replay=true``), or None. An env that cannot draw is refused before anything is played
-    (its ``render`` takes no drawing options, so it is asked without them first)."""
+    (``Evaluator.check_replays``)."""
     if not cfg.replay:
         return None
-    try:
-        with closing(evaluator.env(num_envs=1)) as env:
-            env.render(0)
-    except NotImplementedError as err:
-        raise ConfigError(f"{err}; set replay=false") from None
+    evaluator.check_replays("replay=false")
     return evaluator.episode_frames(policy, cfg.replay_steps, cell=cfg.replay_cell)
 
 
-def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dict[str, Any], str, str, bool]:
+def env_settings(
+    cfg: DictConfig, path: Path, overrides: list[str], trusted: Trusted
+) -> tuple[dict[str, Any], str, str, bool]:
     """The env settings to evaluate on, where they came from (for the table), the place to name in errors, and
     whether their ``_target_`` is this command's (eval.yaml's or the command line's: any env class) rather than a
-    file's (one of machina's envs): the run's env settings (its resolved_config.yaml, else the checkpoint's stored
-    config) with the command line's ``env.<key>`` overrides on top; eval.yaml's env (with the overrides) when the
-    command line picks ``env=<name>`` or the run's settings cannot be found.
+    file's (a class the ``trusted`` configuration names): the run's env settings (its resolved_config.yaml, else the
+    checkpoint's stored config) with the command line's ``env.<key>`` overrides on top; eval.yaml's env (with the
+    overrides) when the command line picks ``env=<name>`` or the run's settings cannot be found.
 
     A Gymnasium env id naming a module (``my_pkg.envs:MyEnv-v0``) makes Gymnasium import it: from the run's settings
     it is refused, unless the command line gives ``env.id`` itself."""
@@ -174,7 +176,7 @@ def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dic
     env_keys = [k.removeprefix("env.") for k in given if k.startswith("env.")]
     # eval's own config (conf/ and this command line), not a file: the user's interpolations are theirs to resolve.
     chosen = OmegaConf.to_container(cfg.env, resolve=True)
-    run = None if "env" in given else run_env(path)
+    run = None if "env" in given else run_env(path, trusted)
     if run is None:
         return chosen, "eval.yaml's env settings and the command line's", "eval.yaml and the command line", True
     settings, where = run
@@ -191,19 +193,10 @@ def env_settings(cfg: DictConfig, path: Path, overrides: list[str]) -> tuple[dic
     return settings, f"the run's env settings ({where}){changed}", where, "_target_" in env_keys
 
 
-def named_class(target: Any) -> type | None:
-    """The class this command's ``env._target_`` names (None when it names none: the factory refuses that)."""
-    if not isinstance(target, str):
-        return None
-    try:
-        return get_class(target)
-    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
-        raise ConfigError(f"env._target_={target} names no class that can be imported ({err})") from None
-
-
-def run_env(path: Path) -> tuple[dict[str, Any], str] | None:
-    """The env settings of the run that wrote ``path`` (checked: plain values naming one of machina's envs), and the
-    file they came from; None if the run left none (a policy file outside a run folder)."""
+def run_env(path: Path, trusted: Trusted) -> tuple[dict[str, Any], str] | None:
+    """The env settings of the run that wrote ``path`` (checked: plain values naming an env class the ``trusted``
+    configuration names), and the file they came from; None if the run left none (a policy file outside a run
+    folder)."""
     folder = run_folder_of(path)
     resolved = folder / "resolved_config.yaml"
     if resolved.is_file():
@@ -215,7 +208,7 @@ def run_env(path: Path) -> tuple[dict[str, Any], str] | None:
         config = plain_mapping(config, f"{where} (its stored config)")
     if "env" not in config:
         raise ConfigError(f"{where}: has no env settings (no 'env' entry); evaluate with env=<name> and env.<key>=...")
-    check_env_settings(config["env"], where)
+    check_env_settings(config["env"], where, trusted=trusted)
     return config["env"], where
 
 

@@ -19,8 +19,8 @@ import argparse
 import torch
 
 from machina import keys
-from machina.env.grid import CHEST, HEART, RADIUS
 from machina.env.machina_1 import Machina1Env
+from machina.env.machina_1.grid import CHEST, HEART, RADIUS
 from machina.errors import ConfigError
 from machina.evaluation.actors import Actor, PolicyActor, teacher_actor
 from machina.evaluation.episodes import play

@@ -30,6 +30,7 @@ from machina import checks
 from machina.cli import new_folder_command
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
+from machina.files.trusted import in_force
 from machina.logging.sink import Sinks
 from machina.run_folder import history, run_record
 from machina.run_folder.run_lock import RunLock
@@ -75,14 +76,16 @@ def run_locked(
     cfg: DictConfig, resolved: dict, run_dir: Path, main: bool, resume_from: Path | None, lock: RunLock
 ) -> float:
     """``train`` with the run folder locked: acceptance first, then the folder, the sinks and the epochs."""
-    checkpoint = load_checkpoint(resume_from) if resume_from else None
+    # The checkpoint may name only classes this command's configuration names (its search path, its own settings);
+    # restore then compares its architecture with the composed one.
+    checkpoint = load_checkpoint(resume_from, in_force(cfg)) if resume_from else None
     parts = build(cfg, distributed.rank())
     with closing(parts.env):  # an env stepped in worker processes stops them, whatever ends the run
         env, policy = parts.env, parts.policy
-        # The run's id (the sinks' RunInfo.id: W&B's run id): a resume keeps the checkpoint's, so W&B continues that
-        # run; a new run gets its id here, so its first checkpoint records it.
-        run_id = checkpoint["wandb_run_id"] if checkpoint else secrets.token_hex(4)
-        checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec.obs, resolved, run_id)
+        # The run's own id (the sinks' RunInfo.id): a resume keeps the checkpoint's, so W&B continues that run; a
+        # new run gets its id here, so its first checkpoint records it.
+        run_id = checkpoint["run_id"] if checkpoint else secrets.token_hex(4)
+        checkpointer = Checkpointer(run_dir / "checkpoints", resolved["policy"], env.spec, resolved, run_id)
         evaluator = periodic_eval(cfg, parts, run_dir)  # on every rank: each plays a share
         # Rank 0 logs; its sinks open below, once the resume is accepted.
         sinks = build_sinks(cfg, run_dir, run_id, resolved) if main else Sinks()
@@ -139,11 +142,7 @@ def periodic_eval(cfg: DictConfig, parts, run_dir: Path) -> PeriodicEval | None:
         seed=parts.system.seed + settings.seed_offset,
     )
     if cfg.trainer.replay_interval:
-        try:
-            with closing(evaluator.env(num_envs=1)) as env:
-                env.render(0)
-        except NotImplementedError as err:
-            raise ConfigError(f"{err}; set trainer.replay_interval=0") from None
+        evaluator.check_replays("trainer.replay_interval=0")
     return PeriodicEval(evaluator, run_dir / "replays")
 
 

@@ -58,7 +58,7 @@ def test_an_estimator_from_a_config_folder_on_the_search_path_reaches_the_losses
     trainer, seen = train_one_epoch(
         [f"hydra.searchpath=[file://{tmp_path}]", "learner/advantage=myopic", "learner.update_epochs=2"]
     )
-    estimator, exp = trainer.learner.advantage, trainer.experience
+    estimator, exp = trainer.learner.advantage, trainer.learner.experience
     assert isinstance(estimator, Myopic) and estimator.scale == 2.0
     assert len(estimator.returned) == 2  # once per update pass
     # Sequential minibatches in row order: minibatch i of pass p trained on rows block i of pass p's advantages.

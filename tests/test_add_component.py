@@ -1,12 +1,14 @@
 """Adding a policy component takes a class and an override: this file's ``ScaledCritic`` fills the critic slot with
 ``policy.critic._target_=tests.test_add_component.ScaledCritic`` and trains a debug epoch. Its policy files are data:
-loading one is refused, naming the class, until the class is in the allow-list (``machina.policy.allowlist``)."""
+loading one is refused, naming the class, unless the configuration in force names the class
+(``machina.files.trusted``: a config on the search path, or the command's composed config)."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
 from machina.errors import ConfigError
+from machina.files.trusted import in_force
 from machina.keys import CORE, VALUES
 from machina.policy.component import Component, PolicyDims
 from machina.policy.io import load_policy, policy_payload
@@ -57,7 +59,7 @@ def test_a_component_defined_here_fills_a_slot_and_trains_an_epoch():
     assert torch.isfinite(stored).all() and stored.abs().max() > 0
 
 
-def test_its_policy_file_is_refused_until_the_class_is_allow_listed(tmp_path):
+def test_its_policy_file_loads_only_where_the_configuration_in_force_names_the_class(tmp_path):
     from omegaconf import OmegaConf
 
     cfg = compose_config(OVERRIDES)
@@ -66,6 +68,12 @@ def test_its_policy_file_is_refused_until_the_class_is_allow_listed(tmp_path):
     path = tmp_path / "policy.pt"
     torch.save(payload, path)
     with pytest.raises(
-        ConfigError, match=r"architecture\.critic\._target_ is 'tests\.test_add_component\.ScaledCritic'"
+        ConfigError,
+        match=r"architecture\.critic\._target_ is 'tests\.test_add_component\.ScaledCritic', which no config on "
+        r"the search path names",
     ):
-        load_policy(path)
+        load_policy(path)  # machina's conf/ alone does not name it
+    policy, _ = load_policy(path, trusted=in_force(cfg))  # this command's composed config does
+    assert isinstance(policy.critic, ScaledCritic) and policy.critic.scale == 3.0
+    for name, weight in parts.policy.state_dict().items():
+        assert torch.equal(policy.state_dict()[name], weight), name

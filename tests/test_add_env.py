@@ -8,11 +8,13 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
+from machina.conformance.env import check_env
 from machina.env.base import Env
 from machina.env.factory import env_factory
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
+from machina.files.trusted import in_force
 from machina.losses.base import Loss
 from machina.startup.build import build, build_trainer
 from tests.conftest import compose_config
@@ -100,6 +102,11 @@ class WantsLandmarks(Loss):
         return {}
 
 
+def test_the_new_env_passes_the_conformance_check():
+    """What its author runs in one line: the core, its optional output, its episode statistics."""
+    check_env(Corridor, {"length": 4, "max_steps": 10})
+
+
 def test_a_new_env_trains_one_debug_epoch_and_a_loss_gets_its_optional_output():
     cfg = compose_config([*CORRIDOR, *ONE_EPOCH, "losses=[ppo,supervisor]"])
     parts = build(cfg)
@@ -136,12 +143,16 @@ def test_the_evaluation_uses_the_builder_s_factory_and_reports_every_stat_of_the
     assert rows["teacher"]["goals"] == 40 // 4  # right every step: 4 steps per goal, 40-step episodes
 
 
-def test_settings_read_from_a_file_may_not_name_a_new_env_but_a_composed_config_may():
+def test_settings_read_from_a_file_name_a_new_env_only_when_the_configuration_in_force_does():
     settings = {"_target_": "tests.test_add_env.Corridor", "length": 3}
-    with pytest.raises(ConfigError, match="not one of machina's envs.*env._target_=") as refused:
+    with pytest.raises(ConfigError, match="which no config on the search path names.*env._target_=") as refused:
         env_factory(settings, "cpu")  # as eval.py reads a run folder: no class named by a file is imported
     assert "\n" not in str(refused.value)
     env = env_factory(settings, "cpu", Corridor)(seed=0, num_envs=2, outputs={keys.TEACHER_ACTIONS})
     assert isinstance(env, Corridor) and env.length == 3 and (env.reset()[keys.TEACHER_ACTIONS] == RIGHT).all()
+    # A command whose own configuration names the class (its search path or its composed config) trusts the file.
+    trusted = in_force(compose_config([*CORRIDOR, *ONE_EPOCH]))
+    env = env_factory(settings, "cpu", trusted=trusted)(seed=0, num_envs=2)
+    assert isinstance(env, Corridor) and env.length == 3
     with pytest.raises(ConfigError, match="must subclass machina.env.base.Env"):
         env_factory({"_target_": "collections.OrderedDict"}, "cpu", dict)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from machina import keys
-from machina.env.grid import HEART
 from machina.env.machina_1 import Machina1Env
+from machina.env.machina_1.grid import HEART
 from tests.test_checkpoint import random_policy_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "carry.py"

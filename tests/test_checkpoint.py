@@ -110,8 +110,11 @@ def test_checkpoint_layout_and_safe_loading(short_run):
     assert names == ["checkpoint_000001.pt", "checkpoint_000002.pt", "policy_000001.pt", "policy_000002.pt"]
     data = load_checkpoint(short_run / "checkpoints" / "checkpoint_000002.pt")
     assert (data["trainer"]["epoch"], data["trainer"]["agent_step"]) == (2, 2 * EPOCH)
-    assert {"policy", "trainer", "ranks", "wandb_run_id", "config"} <= set(data)
+    assert {"policy", "trainer", "ranks", "run_id", "config"} <= set(data)
     assert {"optimizer"} == set(data["trainer"]["learner"]) and len(data["trainer"]["history"]) == 2
+    training = data["trainer"]["policy"]  # no weight average: the produced policy is the training weights
+    assert training.keys() == data["policy"]["state_dict"].keys()
+    assert all(torch.equal(value, data["policy"]["state_dict"][name]) for name, value in training.items())
     (rank,) = data["ranks"]
     assert {"env", "rollout", "losses", "rng"} == set(rank)
     kickstarter = rank["losses"]["eer_kickstarter"]

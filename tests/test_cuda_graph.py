@@ -87,9 +87,9 @@ def test_graphed_rollout_and_update_train_what_eager_ones_do(losses):
     whole = losses == "[ppo]"
     assert (graph.rollout.whole_step is not None) == whole and (graph.rollout.forward is not None) != whole
     assert len(graph.learner.whole_update.graphs) >= 1
-    for key in eager.experience.buffer.keys():
-        torch.testing.assert_close(graph.experience.buffer[key], eager.experience.buffer[key], msg=key)
-    for (name, a), b in zip(eager.policy.named_parameters(), graph.policy.parameters(), strict=True):
+    for key in eager.learner.experience.buffer.keys():
+        torch.testing.assert_close(graph.learner.experience.buffer[key], eager.learner.experience.buffer[key], msg=key)
+    for (name, a), b in zip(eager.learner.policy.named_parameters(), graph.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
     assert set(graph_metrics[0]) == set(eager_metrics[0]) and graph_metrics[1].keys() == eager_metrics[1].keys()
     for name, value in eager_metrics[0].items():

@@ -122,14 +122,14 @@ def make_trainer(batch_size: int, rank: int = 0):
 
 def step_gradients(trainer) -> list[torch.Tensor]:
     """One learner update; the gradients the optimizer stepped with (zeros for a parameter no loss reached)."""
-    recorded, step = [], trainer.optimizer.step
+    recorded, step = [], trainer.learner.optimizer.step
 
     def record(*args, **kwargs):
-        params = trainer.policy.parameters()
+        params = trainer.learner.policy.parameters()
         recorded.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params])
         return step(*args, **kwargs)
 
-    trainer.optimizer.step = record
+    trainer.learner.optimizer.step = record
     trainer.learner.run(trainer.progress)
     (grads,) = recorded
     return grads
@@ -141,17 +141,17 @@ def ddp_rank(rank: int, port: int, out_dir: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     with distributed.process_group("cpu"):
         trainer = make_trainer(256, rank)
-        initial = {k: v.clone() for k, v in trainer.policy.state_dict().items()}  # rank 0's, broadcast by DDP
+        initial = {k: v.clone() for k, v in trainer.learner.policy.state_dict().items()}  # rank 0's, broadcast by DDP
         trainer.rollout.run(trainer.progress)
-        exp = trainer.experience
+        exp = trainer.learner.experience
         saved = {"initial": initial, "buffer": exp.buffer.clone(), "row_state": exp.row_state.clone()}
         saved["last_values"] = exp.last_values.clone()
         saved["grads"] = step_gradients(trainer)
-        distributed.check_in_sync(trainer.policy)
+        distributed.check_in_sync(trainer.learner.policy)
         if rank == 1:
-            next(trainer.policy.parameters()).data.add_(1.0)
+            next(trainer.learner.policy.parameters()).data.add_(1.0)
         with pytest.raises(TrainingStopped, match="parameters differ"):
-            distributed.check_in_sync(trainer.policy)
+            distributed.check_in_sync(trainer.learner.policy)
         torch.save(saved, f"{out_dir}/rank{rank}.pt")
 
 
@@ -162,10 +162,10 @@ def test_ddp_step_equals_one_process_on_the_union_of_minibatches(tmp_path):
     assert not torch.equal(ranks[0]["buffer"][keys.OBS], ranks[1]["buffer"][keys.OBS])  # each rank its own envs
 
     single = make_trainer(512)
-    single.policy.load_state_dict(ranks[0]["initial"])
-    single.experience.buffer.update_(torch.cat([r["buffer"] for r in ranks]))
-    single.experience.row_state.update_(torch.cat([r["row_state"] for r in ranks]))
-    single.experience.last_values.copy_(torch.cat([r["last_values"] for r in ranks]))
+    single.learner.policy.load_state_dict(ranks[0]["initial"])
+    single.learner.experience.buffer.update_(torch.cat([r["buffer"] for r in ranks]))
+    single.learner.experience.row_state.update_(torch.cat([r["row_state"] for r in ranks]))
+    single.learner.experience.last_values.copy_(torch.cat([r["last_values"] for r in ranks]))
     expected = step_gradients(single)
 
     assert any(g.abs().sum() > 0 for g in expected)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from machina import keys
 from machina.env.machina_1 import Machina1Env
-from machina.env.render import render_ascii, render_frame, save_png
+from machina.env.machina_1.render import render_ascii, render_frame, save_png
 from machina.errors import ConfigError
 
 TEACHER = frozenset({keys.TEACHER_ACTIONS})

@@ -5,9 +5,9 @@ from collections import deque
 import torch
 
 from machina import keys
-from machina.env.grid import GOAL_ASSEMBLER, GOAL_CHEST
 from machina.env.machina_1 import Machina1Env
-from machina.env.teacher import INF
+from machina.env.machina_1.grid import GOAL_ASSEMBLER, GOAL_CHEST
+from machina.env.machina_1.teacher import INF
 
 TEACHER = frozenset({keys.TEACHER_ACTIONS})
 

@@ -3,9 +3,9 @@
 import torch
 
 from machina import keys
-from machina.env.grid import AGENT, CENTRE_LOC, F_COOLDOWN, F_INV, F_PROGRESS, F_TYPE, F_VIBE, RADIUS
 from machina.env.machina_1 import Machina1Env
-from machina.env.machina_1_obs import HALF, REAL
+from machina.env.machina_1.grid import AGENT, CENTRE_LOC, F_COOLDOWN, F_INV, F_PROGRESS, F_TYPE, F_VIBE, RADIUS
+from machina.env.machina_1.obs import HALF, REAL
 from machina.env.spec import PAD_TOKEN
 
 NOOP, NORTH, EAST, SOUTH, WEST = range(5)

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from machina import keys
 from machina.env.base import Env
 from machina.env.factory import env_factory
-from machina.env.machina_1 import STAT_NAMES
+from machina.env.machina_1.env import STAT_NAMES
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.evaluation.actors import PolicyActor, random_actor

@@ -275,7 +275,7 @@ def test_the_composed_env_of_each_env_group_passes_the_checks(name):
     [
         ({"_partial_": True}, "env._partial_ is not an env setting"),
         ({"kwargs": {"x": [1, {"_target_": "os.system"}]}}, "env.kwargs.x[1]._target_ names an object to build"),
-        ({"_target_": "os.system"}, "env._target_ is 'os.system', not one of machina's envs"),
+        ({"_target_": "os.system"}, "env._target_ is 'os.system', which no config on the search path names"),
         ({"heigth": 7}, "env.heigth is not a setting of Machina1Env"),
         ({"height": "${oc.env:HOME}"}, "env.height is '${oc.env:HOME}', an interpolation"),
     ],

@@ -22,8 +22,9 @@ from mettagrid.mapgen.scene import Scene, SceneConfig  # noqa: E402
 from mettagrid.simulator.simulator import Simulation  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from machina.env import game_file, mettagrid_game  # noqa: E402
-from machina.env.game_file import ALLOWED_TYPES, REFUSED_SCENES, SHIPPED, read_game  # noqa: E402
+from machina.env.mettagrid import game as mettagrid_game  # noqa: E402
+from machina.env.mettagrid import game_file  # noqa: E402
+from machina.env.mettagrid.game_file import ALLOWED_TYPES, REFUSED_SCENES, SHIPPED, read_game  # noqa: E402
 from machina.errors import ConfigError  # noqa: E402
 from tests.conftest import ROOT, compose_config  # noqa: E402
 
@@ -102,7 +103,7 @@ def test_every_shipped_game_is_its_builder_and_runs_in_mettagrid(game):
 
 def test_every_shipped_game_file_is_in_the_package_data():
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '"machina.env" = ["games/*.yaml"]' in pyproject
+    assert '"machina.env.mettagrid" = ["games/*.yaml"]' in pyproject
     assert sorted(p.stem for p in SHIPPED.glob("*.yaml")) == sorted(mettagrid_game.GAMES)
 
 
@@ -310,7 +311,7 @@ def test_the_arena_tables_come_from_the_game():
 # --------------------------------------------------------------------------------------------------- the dump
 def test_dump_writes_a_game_file_that_reads_back(tmp_path):
     out = tmp_path / "small.yaml"
-    cmd = [sys.executable, "-m", "machina.env.mettagrid_game", "dump", "arena", str(out), "agents_per_env=2"]
+    cmd = [sys.executable, "-m", "machina.env.mettagrid.game", "dump", "arena", str(out), "agents_per_env=2"]
     result = subprocess.run([*cmd, "max_steps=50", "heart_reward=0.5"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     summary = "2 agents, 5 actions, 20 features, window 11x11, 128 tokens, max_steps 50"
@@ -322,7 +323,7 @@ def test_dump_writes_a_game_file_that_reads_back(tmp_path):
 
 def test_dump_json_and_a_users_function(tmp_path, monkeypatch):
     (tmp_path / "my_games.py").write_text(
-        "from machina.env.mettagrid_game import arena_config\n"
+        "from machina.env.mettagrid.game import arena_config\n"
         "def tiny(cap=4):\n    return arena_config(agents_per_env=1, inventory_cap=cap)\n"
         "def not_a_game():\n    return {'game': {}}\n"
     )
@@ -384,4 +385,4 @@ def test_a_game_file_trains_one_debug_epoch(game, tmp_path):
     cfg = compose_config([*overrides, "policy=fast"])
     trainer = build_trainer(cfg, build(cfg), sinks=[])
     trainer.rollout.run(trainer.progress)
-    assert trainer.env.spec.num_actions == 5
+    assert trainer.rollout.env.spec.num_actions == 5

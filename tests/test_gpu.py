@@ -46,7 +46,7 @@ def test_rollout_and_update_never_sync_on_cuda(losses, sampler, cuda_graphs, req
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    assert torch.isfinite(trainer.experience.buffer[keys.VALUES]).all()
+    assert torch.isfinite(trainer.learner.experience.buffer[keys.VALUES]).all()
 
 
 @pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]"])
@@ -55,18 +55,18 @@ def test_a_graphed_rollout_stores_what_the_eager_policy_and_env_compute(losses):
     env eagerly. The stored values and log-probs are the eager policy's on the stored steps, and the stored
     rewards what the eager env returns for the stored actions from the same state."""
     trainer = cuda_trainer([f"losses={losses}", "system.cuda_graphs=true"])
-    rollout, exp = trainer.rollout, trainer.experience
+    rollout, exp = trainer.rollout, trainer.learner.experience
     assert (rollout.whole_step is not None) == (losses == "[ppo]")
-    env_before = {k: v.clone() for k, v in trainer.env.state_dict().items()}
+    env_before = {k: v.clone() for k, v in trainer.rollout.env.state_dict().items()}
     live_before = rollout.live.clone()
-    trainer.policy.eval()
+    trainer.learner.policy.eval()
     rollout.run(trainer.progress)
     with torch.no_grad():
-        again = trainer.policy(training_input(exp.buffer, exp.row_state))
+        again = trainer.learner.policy(training_input(exp.buffer, exp.row_state))
     torch.testing.assert_close(exp.buffer[keys.VALUES], again[keys.VALUES], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(exp.buffer[keys.ACT_LOG_PROB], again[keys.ACT_LOG_PROB], rtol=1e-4, atol=1e-4)
     # Replay the stored actions through an eager copy of the env from where the rollout started.
-    eager = cuda_trainer([f"losses={losses}"]).env
+    eager = cuda_trainer([f"losses={losses}"]).rollout.env
     eager.load_state_dict(env_before)
     eager.prepare_rollout(exp.batch_size // exp.num_agents)
     n = exp.num_agents
@@ -80,13 +80,13 @@ def test_a_graphed_rollout_stores_what_the_eager_policy_and_env_compute(losses):
 
 def test_a_graphed_update_trains_what_the_eager_update_does():
     graphed, eager = (cuda_trainer([f"system.cuda_graphs={flag}", "learner.update_epochs=2"]) for flag in (True, False))
-    eager.policy.load_state_dict(graphed.policy.state_dict())
+    eager.learner.policy.load_state_dict(graphed.learner.policy.state_dict())
     graphed.rollout.run(graphed.progress)
     for key in ("buffer", "row_state"):
-        getattr(eager.experience, key).update_(getattr(graphed.experience, key))
-    eager.experience.last_values.copy_(graphed.experience.last_values)
+        getattr(eager.learner.experience, key).update_(getattr(graphed.learner.experience, key))
+    eager.learner.experience.last_values.copy_(graphed.learner.experience.last_values)
     for trainer in (graphed, eager):
         trainer.learner.run(trainer.progress)
     assert graphed.learner.whole_update.graphs
-    for (name, a), b in zip(eager.policy.named_parameters(), graphed.policy.parameters(), strict=True):
+    for (name, a), b in zip(eager.learner.policy.named_parameters(), graphed.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)

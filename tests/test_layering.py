@@ -117,8 +117,8 @@ def test_imports_point_down():
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("machina.env.grid", "from machina.training.trainer import Trainer\n"),
-        ("machina.env.grid", "import machina.losses.ppo\n"),
+        ("machina.env.machina_1.grid", "from machina.training.trainer import Trainer\n"),
+        ("machina.env.machina_1.grid", "import machina.losses.ppo\n"),
         ("machina.files.atomic", "from machina import policy\n"),
         ("machina.losses.ppo", "def lazy():\n    from machina.training import learner\n"),
         ("machina.training.learner", "from ..run_folder import history\n"),
@@ -134,7 +134,7 @@ def test_an_upward_import_is_found(module, source):
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("machina.env.grid", "from machina import keys\nfrom machina.errors import ConfigError\n"),
+        ("machina.env.machina_1.grid", "from machina import keys\nfrom machina.errors import ConfigError\n"),
         ("machina.training.learner", "from machina.losses.base import Loss\nfrom . import advantage\n"),
         ("machina.training.trainer", "from machina.evaluation.evaluator import Evaluator\n"),
         ("machina.run", "import machina.training.trainer\nimport torch\n"),

@@ -21,12 +21,12 @@ def make_trainer(overrides):
 def test_the_learner_sets_the_scheduled_learning_rate_of_every_group():
     trainer = make_trainer(["learner/lr_schedule=linear", "optimizer.lr=0.002", "trainer.total_timesteps=4096"])
     trainer.train()  # 4 epochs, each trained at the fraction where it starts: 0, 1/4, 2/4, 3/4 (CleanRL's schedule)
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 / 4)
+    assert trainer.learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 / 4)
     host = trainer.history[-1]
     assert trainer.history and "overview/reward" in host
     trainer.total_timesteps = 8192
     trainer.learner.run(trainer.progress)  # agent step 4096 of 8192
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
+    assert trainer.learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.001)
     _, host_metrics = trainer.learner.pop_metrics()
     assert host_metrics["train/lr"] == pytest.approx(0.001)
 
@@ -86,7 +86,7 @@ def test_metrics_stay_on_the_data_device_and_no_tensor_is_made_from_python_data(
     assert calls == []
     device_metrics, host_metrics = trainer.learner.pop_metrics()
     assert device_metrics and all(
-        v.device == trainer.experience.device and v.dim() == 0 for v in device_metrics.values()
+        v.device == trainer.learner.experience.device and v.dim() == 0 for v in device_metrics.values()
     )
     assert all(isinstance(v, float) for v in host_metrics.values())
     assert "experience/explained_variance" in device_metrics and "train/lr" in host_metrics
@@ -104,11 +104,11 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     overrides = ["learner/lr_schedule=linear", "learner.update_epochs=2", "trainer.total_timesteps=3072"]
     overrides += ["system.threads=1", "system.bf16_matmuls=false"]  # float32 products: bf16 rounding would blur 1e-5
     eager, compiled = (make_trainer([*overrides, f"system.compile={flag}"]) for flag in ("false", "true"))
-    compiled.policy.load_state_dict(eager.policy.state_dict())
+    compiled.learner.policy.load_state_dict(eager.learner.policy.state_dict())
     graphs, widths = [], []
     for epoch in range(3):
         eager.rollout.run(eager.progress)
-        source, target = eager.experience, compiled.experience
+        source, target = eager.learner.experience, compiled.learner.experience
         # A real token far out in one observation: each epoch trains on another compacted width (61, 71, 81).
         source.buffer[keys.OBS][0, 0, 60 + 10 * epoch] = source.buffer[keys.OBS][0, 0, 0]
         target.buffer.update_(source.buffer)
@@ -119,13 +119,17 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
             trainer.learner.run(trainer.progress)
             trainer.agent_step += source.batch_size
         graphs.append(counters["stats"]["unique_graphs"])
-        widths.append(float(compiled.experience.metrics()["experience/token_width"]))
-    for (name, a), b in zip(eager.policy.named_parameters(), compiled.policy.parameters(), strict=True):
+        widths.append(float(compiled.learner.experience.metrics()["experience/token_width"]))
+    for (name, a), b in zip(eager.learner.policy.named_parameters(), compiled.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs after the compiled updates")
-    assert eager.optimizer.param_groups[0]["lr"] == pytest.approx(float(compiled.optimizer.param_groups[0]["lr"]))
+    assert eager.learner.optimizer.param_groups[0]["lr"] == pytest.approx(
+        float(compiled.learner.optimizer.param_groups[0]["lr"])
+    )
     assert widths == [61.0, 71.0, 81.0]
     assert graphs[0] > 0 and graphs[2] == graphs[1] == graphs[0], f"graphs compiled after each epoch: {graphs}"
-    assert "train.update" in compiled.stopwatch.totals and "train.forward" not in compiled.stopwatch.totals
+    assert (
+        "train.update" in compiled.learner.stopwatch.totals and "train.forward" not in compiled.learner.stopwatch.totals
+    )
 
 
 @pytest.mark.parametrize("policy", ["fast", "vit"])
@@ -136,21 +140,21 @@ def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
     if policy == "vit":
         overrides += ["policy.encoder.latent_dim=16", "policy.encoder.num_latents=4"]
     full, cut = (make_trainer([*overrides, f"experience.compact_tokens={flag}"]) for flag in ("false", "true"))
-    cut.policy.load_state_dict(full.policy.state_dict())
+    cut.learner.policy.load_state_dict(full.learner.policy.state_dict())
     full.rollout.run(full.progress)
-    cut.experience.buffer.update_(full.experience.buffer)
-    cut.experience.row_state.update_(full.experience.row_state)
-    cut.experience.last_values.copy_(full.experience.last_values)
+    cut.learner.experience.buffer.update_(full.learner.experience.buffer)
+    cut.learner.experience.row_state.update_(full.learner.experience.row_state)
+    cut.learner.experience.last_values.copy_(full.learner.experience.last_values)
     for trainer in (full, cut):
         torch.manual_seed(0)
         trainer.learner.run(trainer.progress)
-    obs = full.experience.buffer[keys.OBS]
+    obs = full.learner.experience.buffer[keys.OBS]
     real = (obs[..., 1] != PAD_TOKEN).sum(-1)
-    width = float(cut.experience.metrics()["experience/token_width"])
+    width = float(cut.learner.experience.metrics()["experience/token_width"])
     assert width == real.max() < obs.shape[-2]  # packed tokens: the widest observation's count, well under M
     # Float rounding only: the Perceiver's masked softmax sums over another number of (zero) padding terms, and Adam
     # amplifies rounding in near-zero gradients; 1e-5 is 1% of one Adam step (lr 1e-3), a wrong cut moves ~1e-3.
-    for (name, a), b in zip(full.policy.named_parameters(), cut.policy.parameters(), strict=True):
+    for (name, a), b in zip(full.learner.policy.named_parameters(), cut.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs when trained on compacted tokens")
 
 
@@ -165,7 +169,7 @@ def record_advantage_inputs(monkeypatch, trainer):
     real = advantage_module.compute_advantages
 
     def spy(*args, **kwargs):
-        calls.append((args[6].clone(), copy.deepcopy(trainer.policy.state_dict())))
+        calls.append((args[6].clone(), copy.deepcopy(trainer.learner.policy.state_dict())))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(advantage_module, "compute_advantages", spy)
@@ -186,10 +190,10 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
     from machina.training.experience import agent_major
 
     trainer = make_trainer(["learner.update_epochs=2", "optimizer.lr=0.01", "system.threads=1"])
-    exp = trainer.experience
+    exp = trainer.learner.experience
     assert exp.num_minibatches > 1  # so ratios recorded during pass 1 come from several policies
     calls = record_advantage_inputs(monkeypatch, trainer)
-    forwards = count_policy_forwards(trainer.policy)
+    forwards = count_policy_forwards(trainer.learner.policy)
     trainer.rollout.run(trainer.progress)
     forwards.clear()
     trainer.learner.run(trainer.progress)
@@ -197,7 +201,7 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
     first, _ = calls[0]
     assert torch.equal(first, torch.ones_like(first))  # pass 1: the policy that acted
     used, after_pass_1 = calls[1]
-    reference = make_trainer(["system.threads=1"]).policy
+    reference = make_trainer(["system.threads=1"]).learner.policy
     reference.load_state_dict(after_pass_1)
     with torch.no_grad():
         out = reference(training_input(exp.buffer, exp.row_state))
@@ -211,12 +215,12 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
 def test_a_single_update_pass_uses_ratio_one_and_no_extra_forward(monkeypatch):
     trainer = make_trainer(["learner.update_epochs=1", "optimizer.lr=0.01"])
     calls = record_advantage_inputs(monkeypatch, trainer)
-    forwards = count_policy_forwards(trainer.policy)
+    forwards = count_policy_forwards(trainer.learner.policy)
     trainer.rollout.run(trainer.progress)
     forwards.clear()
     trainer.learner.run(trainer.progress)
     assert len(calls) == 1 and torch.equal(calls[0][0], torch.ones_like(calls[0][0]))
-    assert len(forwards) == trainer.experience.num_minibatches
+    assert len(forwards) == trainer.learner.experience.num_minibatches
 
 
 def test_refreshing_the_ratios_makes_no_host_read_and_no_tensor_from_python_data():

@@ -296,6 +296,18 @@ INCONSISTENT = {
         setter("policy", "state_dict", value=lambda w: {k: v * float("inf") for k, v in w.items()}),
         "the policy's weights hold NaN or infinite values",
     ),
+    "NaN training weights": (
+        setter("trainer", "policy", "actor.net.0.bias", value=filled(1, float("nan"))),
+        "trainer.policy.actor.net.0.bias[1] is nan, expected finite",
+    ),
+    "training weights of the wrong shape": (
+        setter("trainer", "policy", "actor.net.0.bias", value=torch.zeros(3)),
+        "trainer.policy.actor.net.0.bias is missing or has the wrong shape",
+    ),
+    "training weights that are not tensors": (
+        setter("trainer", "policy", "actor.net.0.bias", value=[0.0]),
+        "trainer.policy.actor.net.0.bias is a list, not a tensor",
+    ),
     "NaN optimizer moments": (
         setter(*OPTIMIZER, "exp_avg", value=lambda m: m * float("nan")),
         "trainer.learner.optimizer.state.0.exp_avg holds NaN or infinite values",
@@ -312,7 +324,7 @@ INCONSISTENT = {
         setter(*OPTIMIZER[:-1], 0, value=lambda entries: {"step": entries["step"]}),
         "trainer.learner.optimizer.state.0 holds ['step'], expected ['exp_avg', 'exp_avg_sq', 'step']",
     ),
-    "a W&B run id that is a path": (setter("wandb_run_id", value="../../x"), "wandb_run_id is '../../x', not a W&B"),
+    "a run id that is a path": (setter("run_id", value="../../x"), "run_id is '../../x', not a run id"),
     "a config that is a list": (setter("config", value=[1, 2]), "config is a list, not a mapping of names"),
 }
 
@@ -357,12 +369,12 @@ def test_a_checkpoint_called_good_resumes_with_a_finite_loss(tmp_path):
     The checkpoint the stopped run names resumes, and its first epoch's losses are finite."""
     run(tmp_path, epochs=1)
     code, message = run_reporting(tmp_path, *EXPLODING, epochs=3)
-    assert code == 2 and "the weights after epoch 2 give non-finite losses" in message, message
+    assert code == 2 and "after epoch 2, the weights give non-finite losses" in message, message
     good = tmp_path / "checkpoints" / "checkpoint_000001.pt"
     assert f"the last good checkpoint {str(good)!r} is kept" in message, message
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("checkpoint_*")) == [good.name]
     code, message = run_reporting(tmp_path, *EXPLODING, f"resume={good}", epochs=3)  # it resumes: epoch 2 again
-    assert code == 2 and "the weights after epoch 2 give non-finite losses" in message, message
+    assert code == 2 and "after epoch 2, the weights give non-finite losses" in message, message
     (row,) = [r for r in metrics(tmp_path) if r["metric/epoch"] == 2]
     losses = {k: v for k, v in row.items() if "/loss_" in k}
     assert losses and all(abs(v) < float("inf") for v in losses.values()), losses
@@ -370,7 +382,7 @@ def test_a_checkpoint_called_good_resumes_with_a_finite_loss(tmp_path):
 
 def test_a_first_checkpoint_that_would_not_be_good_is_not_written(tmp_path):
     code, message = run_reporting(tmp_path, *EXPLODING, epochs=2)
-    assert code == 2 and "the weights after epoch 1 give non-finite losses" in message, message
+    assert code == 2 and "after epoch 1, the weights give non-finite losses" in message, message
     assert "no checkpoint exists" in message and not list((tmp_path / "checkpoints").glob("checkpoint_*"))
 
 
@@ -444,7 +456,10 @@ def test_a_save_keeps_newer_checkpoints_and_prunes_only_older_ones(trained, tmp_
     parts = build(cfg)
     trainer = build_trainer(cfg, parts, sinks=[])
     trainer.epoch = 3
-    Checkpointer(folder, resolved["policy"], parts.env.spec.obs, resolved, "id").save(trainer, keep=1)
+    with trainer.learner.produced_policy() as produced:
+        Checkpointer(folder, resolved["policy"], parts.env.spec, resolved, "id").save(
+            trainer.state_dict(), trainer.local_state_dict(), produced, [], keep=1
+        )
     assert sorted(p.name for p in folder.glob("checkpoint_*")) == ["checkpoint_000003.pt", later.name]
     assert load_checkpoint(later)["trainer"]["epoch"] == 2
 

@@ -23,13 +23,14 @@ ARENA_STATS = {"hearts_made": "heart.made", "resources_gathered": "ore.mined"}
 
 def test_without_the_extra_the_env_says_how_to_install_it(monkeypatch):
     # `import mettagrid...` raises ImportError once the package is None and no submodule is cached.
-    import machina.env
+    import machina.env.mettagrid
 
-    needs_it = ("mettagrid_game", "mettagrid_sims", "mettagrid_workers")
-    for name in [m for m in sys.modules if m.startswith("mettagrid.") or m.rpartition(".")[2] in needs_it]:
+    needs_it = ("game", "sims", "workers")
+    ours = tuple(f"machina.env.mettagrid.{name}" for name in needs_it)
+    for name in [m for m in sys.modules if m.startswith("mettagrid.") or m in ours]:
         monkeypatch.delitem(sys.modules, name)
-    for name in needs_it:  # `from machina.env import x` finds an imported submodule on the package
-        monkeypatch.delattr(machina.env, name, raising=False)
+    for name in needs_it:  # `from machina.env.mettagrid import x` finds an imported submodule on the package
+        monkeypatch.delattr(machina.env.mettagrid, name, raising=False)
     monkeypatch.setitem(sys.modules, "mettagrid", None)
     from machina.env.mettagrid import MettaGridEnv
 
@@ -72,7 +73,7 @@ def test_random_actions_give_well_formed_tokens_and_episodes_reset():
 def test_mining_and_converting_yield_a_heart_and_its_reward(tmp_path):
     pytest.importorskip("mettagrid")
     from machina.env.mettagrid import MettaGridEnv
-    from machina.env.mettagrid_game import arena_config, write_game
+    from machina.env.mettagrid.game import arena_config, write_game
 
     rows = ["#######", "#m@.c.#", "#.....#", "#######"]  # mine west of the agent, converter two cells east
     game = write_game(arena_config(agents_per_env=1, map_rows=rows, max_steps=20, ore_per_heart=2), tmp_path / "g.json")
@@ -125,8 +126,10 @@ def test_a_restored_rollout_acts_on_the_new_episodes_the_env_started():
     restored = build_trainer(cfg, build(cfg), sinks=[])
     restored.load_local_state_dict(saved)
     step = restored.rollout.step_td
-    assert not torch.equal(first.rollout.step_td[keys.OBS], restored.env.observe()[keys.OBS])  # what was saved
-    assert torch.equal(step[keys.OBS], restored.env.observe()[keys.OBS]) and (step[keys.EPISODE_START] == 1).all()
+    assert not torch.equal(first.rollout.step_td[keys.OBS], restored.rollout.env.observe()[keys.OBS])  # what was saved
+    assert (
+        torch.equal(step[keys.OBS], restored.rollout.env.observe()[keys.OBS]) and (step[keys.EPISODE_START] == 1).all()
+    )
     assert all((value == 0).all() for value in restored.rollout.state.values())
     restored.rollout.run(restored.progress)  # and it trains on from there
 

@@ -20,7 +20,7 @@ from tests.test_mettagrid_workers import alive
 pytest.importorskip("mettagrid")
 
 from machina.env.mettagrid import MettaGridEnv  # noqa: E402 (needs the extra)
-from machina.env.mettagrid_game import arena_config, write_game  # noqa: E402
+from machina.env.mettagrid.game import arena_config, write_game  # noqa: E402
 
 EPOCH = 1024  # debug=tiny: 8 envs x 4 agents x 32 steps
 STEPS = 32 * 2  # recv calls per epoch: 32 steps, two groups

@@ -20,8 +20,9 @@ from machina.errors import ConfigError, EnvFailed
 
 pytest.importorskip("mettagrid")
 
-from machina.env import mettagrid_sims, mettagrid_workers  # noqa: E402 (needs the extra)
 from machina.env.mettagrid import MettaGridEnv  # noqa: E402
+from machina.env.mettagrid import sims as mettagrid_sims  # noqa: E402 (needs the extra)
+from machina.env.mettagrid import workers as mettagrid_workers  # noqa: E402
 
 STATS = {"hearts_made": "heart.made", "resources_gathered": "ore.mined"}
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from machina.env.render import FLOOR, OBJECT_COLOURS
+from machina.env.machina_1.render import FLOOR, OBJECT_COLOURS
 from machina.plot import curve, main
 from tests.test_compare import assert_one_line_error, hashes, run_cli
 

@@ -41,20 +41,20 @@ def recorded_rollout(overrides):
 @pytest.mark.parametrize("overrides", TEACHER_LED, ids=lambda o: o[0])
 def test_every_stored_action_was_executed_with_the_policys_log_prob_of_it(overrides):
     trainer, executed, _ = recorded_rollout(overrides)
-    buffer, n = trainer.experience.buffer, trainer.experience.num_agents
+    buffer, n = trainer.learner.experience.buffer, trainer.learner.experience.num_agents
     assert torch.equal(agent_major(buffer[keys.ACTIONS], n), executed)
     teacher_actions = agent_major(buffer[keys.TEACHER_ACTIONS], n)
     led = (executed == teacher_actions) & (agent_major(buffer[keys.ACT_LOG_PROB], n) < -0.5)
     assert led.float().mean() > 0.1  # teacher-led steps happened (and they are among the executed actions)
     with torch.no_grad():
-        trainer.policy.eval()
-        again = trainer.policy(training_input(buffer, trainer.experience.row_state))[keys.ACT_LOG_PROB]
+        trainer.learner.policy.eval()
+        again = trainer.learner.policy(training_input(buffer, trainer.learner.experience.row_state))[keys.ACT_LOG_PROB]
     torch.testing.assert_close(buffer[keys.ACT_LOG_PROB], again, rtol=1e-4, atol=1e-5)
 
 
 def test_each_step_stores_the_reward_and_episode_end_of_its_own_action():
     trainer, _, results = recorded_rollout(["losses=[ppo,supervisor]", "losses.supervisor.teacher_led_proportion=1.0"])
-    buffer, n = trainer.experience.buffer, trainer.experience.num_agents
+    buffer, n = trainer.learner.experience.buffer, trainer.learner.experience.num_agents
     for key in (keys.REWARDS, keys.TERMINATED, keys.TRUNCATED):
         want = torch.stack([r[key] for r in results], 1)
         assert torch.equal(agent_major(buffer[key], n), want), key
@@ -65,8 +65,8 @@ def test_each_step_stores_the_reward_and_episode_end_of_its_own_action():
     assert torch.equal(starts[:, 1:].bool(), ended[:, :-1])  # an episode starts right after one ended
     # The bootstrap of every agent's last step: V of the observation the rollout ends on, with the state it ends in.
     with torch.no_grad():
-        ending = trainer.policy.act(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
-    torch.testing.assert_close(trainer.experience.last_values, ending)
+        ending = trainer.learner.policy.act(rollout_input(trainer.rollout.step_td, trainer.rollout.state))[keys.VALUES]
+    torch.testing.assert_close(trainer.learner.experience.last_values, ending)
 
 
 ALL_HOOKS = ["losses=[ppo,supervisor,eer_cloner,eer_kickstarter]", "losses.supervisor.teacher_led_proportion=0.5"]
@@ -80,19 +80,19 @@ def test_no_inference_tensor_outlives_the_rollout_and_training_follows(hooks, re
     overrides = [*ALL_HOOKS, teacher_file] if hooks else ["losses=[ppo]"]
     trainer, _, _ = recorded_rollout(overrides)
     assert trainer.rollout.hooked == hooks
-    exp = trainer.experience
+    exp = trainer.learner.experience
     left = {
         **{f"buffer/{k}": v for k, v in exp.buffer.items()},
         **{f"row_state/{k}": v for k, v in exp.row_state.items()},
         **{f"live/{k}": v for k, v in trainer.rollout.live.items()},
         "last_values": exp.last_values,
-        **{f"env/{k}": v for k, v in trainer.env.state_dict().items()},
+        **{f"env/{k}": v for k, v in trainer.rollout.env.state_dict().items()},
     }
     inference = [name for name, value in left.items() if value.is_inference()]
     assert not inference
-    trainer.policy.train()
+    trainer.learner.policy.train()
     trainer.learner.run(trainer.progress)  # backward through the stored steps
-    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.learner.policy.parameters())
 
 
 def test_what_hooked_losses_read_at_rollout_is_their_classes_consumes(monkeypatch):

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.env.base import Env
+from machina.env.base import Env, Grouped
 from machina.logging.stopwatch import Stopwatch
 from machina.policy.inputs import training_input
 from machina.progress import Progress
@@ -21,7 +21,7 @@ from tests.conftest import compose_config
 TINY = ["debug=tiny", "env.num_envs=8", "env.max_steps=12", "experience.bptt_horizon=8", "wandb=disabled"]
 
 
-class TwoGroups(Env):
+class TwoGroups(Env, Grouped):
     """Two independent envs side by side as the two groups of one env; records what each group was sent and what
     each recv returned, and checks the protocol: a group is received only after it was sent, and at most once."""
 

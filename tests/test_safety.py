@@ -234,15 +234,15 @@ def test_resume_takes_the_new_optimizer_settings_and_the_saved_moments(trained, 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     parts = build(cfg)
     trainer = build_trainer(cfg, parts, sinks=[])
-    checkpointer = Checkpointer(trained / "checkpoints", resolved["policy"], parts.env.spec.obs, resolved, "id")
+    checkpointer = Checkpointer(trained / "checkpoints", resolved["policy"], parts.env.spec, resolved, "id")
     with caplog.at_level(logging.WARNING):
         checkpointer.restore(trainer, data, source)
-    (group,) = trainer.optimizer.param_groups
+    (group,) = trainer.learner.optimizer.param_groups
     assert (group["lr"], group["eps"]) == (0.0005, 1e-7)
     saved = data["trainer"]["learner"]["optimizer"]["state"]
     for index, param in enumerate(group["params"]):
-        assert torch.equal(trainer.optimizer.state[param]["exp_avg"], saved[index]["exp_avg"])
-        assert torch.equal(trainer.optimizer.state[param]["exp_avg_sq"], saved[index]["exp_avg_sq"])
+        assert torch.equal(trainer.learner.optimizer.state[param]["exp_avg"], saved[index]["exp_avg"])
+        assert torch.equal(trainer.learner.optimizer.state[param]["exp_avg_sq"], saved[index]["exp_avg_sq"])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     trained_lr = OmegaConf.load(trained / "resolved_config.yaml").optimizer.lr
     assert any(w.endswith(f"optimizer.lr: {trained_lr} -> 0.0005") for w in warnings), warnings
@@ -269,7 +269,7 @@ class Explode:
     "target, expected, logged",
     [
         ("parameters", "non-finite policy parameters after epoch 2", [1]),
-        ("optimizer state", "non-finite values after epoch 2 in optimizer.0.exp_avg_sq", [1, 2]),
+        ("optimizer state", "after epoch 2, non-finite values in optimizer.0.exp_avg_sq", [1, 2]),
     ],
 )
 def test_non_finite_weights_or_optimizer_state_are_never_checkpointed(tmp_path, target, expected, logged):

@@ -282,7 +282,7 @@ def test_rollout_and_update_make_no_host_sync(losses, sampler, request):
     syncs: list[str] = []
     with count_host_reads(syncs):
         steps = trainer.rollout.run(trainer.progress)
-    assert steps == trainer.experience.batch_size
+    assert steps == trainer.learner.experience.batch_size
     assert syncs == []  # env, policy, rollout hooks, buffer writes: no host read of a tensor
     with count_host_reads(syncs):
         trainer.learner.prepare()
@@ -290,4 +290,4 @@ def test_rollout_and_update_make_no_host_sync(losses, sampler, request):
     assert len(syncs) == 1 and syncs[0].startswith("__int__ at ") and syncs[0].endswith(f"experience.py:{WIDTH_LINE}")
     with count_host_reads(syncs := []):
         trainer.learner.update(trainer.progress)
-    assert trainer.experience.num_minibatches > 1 and syncs == []  # ...and none in the update's minibatches
+    assert trainer.learner.experience.num_minibatches > 1 and syncs == []  # ...and none in the update's minibatches

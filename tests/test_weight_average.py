@@ -63,8 +63,10 @@ def test_applied_swaps_the_average_in_and_always_swaps_it_back():
 
 
 def training_weights(run_dir, epoch: int) -> dict[str, torch.Tensor]:
+    """The policy's own weights (its parameters) in the checkpoint of ``epoch``."""
     data = load_checkpoint(run_dir / "checkpoints" / f"checkpoint_{epoch:06d}.pt")
-    return data["trainer"]["learner"]["average"]["training_weights"]
+    parameters = dict(load_policy(run_dir / "checkpoints" / f"policy_{epoch:06d}.pt")[0].named_parameters())
+    return {name: value for name, value in data["trainer"]["policy"].items() if name in parameters}
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +133,12 @@ def edited(source, target, change) -> str:
     [
         (lambda learner: learner["average"].update(updates=-1), "average.updates is -1, outside"),
         (
-            lambda learner: learner["average"]["training_weights"]["actor.net.0.weight"].fill_(float("nan")),
-            "average.training_weights.actor.net.0.weight",
+            lambda learner: learner["average"]["weights"]["actor.net.0.weight"].fill_(float("nan")),
+            "average.weights.actor.net.0.weight",
         ),
         (
-            lambda learner: learner["average"]["training_weights"].pop("actor.net.0.bias"),
-            "average.training_weights has the entries",
+            lambda learner: learner["average"]["weights"].pop("actor.net.0.bias"),
+            "average.weights has the entries",
         ),
         (
             lambda learner: learner.update(extra={}),

@@ -95,7 +95,7 @@ def test_a_rollout_after_an_update_stores_what_the_updated_weights_give(compile,
     overrides = ["optimizer.lr=0.01", f"system.compile={compile}", "system.threads=1", f"system.bf16_matmuls={bf16}"]
     trainer = make_trainer(overrides)
     rounding = 1e-3 if bf16 == "true" else 1e-5
-    policy, exp = trainer.policy, trainer.experience
+    policy, exp = trainer.learner.policy, trainer.learner.experience
     trainer.rollout.run(trainer.progress)
     old_encoder = copy.deepcopy(policy.encoder.state_dict())
     trainer.learner.run(trainer.progress)

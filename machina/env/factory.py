@@ -9,8 +9,9 @@ factory adds the builder's arguments (``num_envs``, ``seed``, ``device``, ``outp
 Which class a node may name depends on where the node comes from:
 
 - read from a FILE (eval.py rebuilding the evaluated run's env from its ``resolved_config.yaml`` or its checkpoint):
-  the node is data, and a file must not run code, so its ``_target_`` must be one of machina's envs, ``ENVS``, looked
-  up in a dict (the optional envs' modules are imported by their fixed names below, never by a name from the node);
+  the node is data, and a file must not run code, so its ``_target_`` must be an env class that the configuration in
+  force names (``machina.files.trusted``: a ``_target_`` of a YAML file on the command's config search path, such
+  as ``conf/env/*.yaml`` or a user's package put on it with ``hydra.searchpath``), and is imported only then;
 - COMPOSED (conf/ and the command line: train.py, eval.py's ``env=<name>`` / ``env._target_=...``): the user chose
   the class, so any subclass of ``machina.env.base.Env`` may be named. The caller that holds the composed config
   looks the class up (``machina.startup.build``, ``eval.py``: the modules allowed to import by name) and passes it
@@ -21,7 +22,6 @@ reads the node from a file decides whether to allow it (``imported_module``).
 """
 
 import copy
-import importlib
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -32,31 +32,29 @@ from omegaconf import DictConfig, OmegaConf
 from machina.env.base import Env
 from machina.errors import ConfigError, one_line
 from machina.files.stored_config import check_plain, shorten
+from machina.files.trusted import Trusted, in_force
 
-# _target_ (as conf/env/*.yaml spells it) -> (module, class): the envs a node read from a file may name.
-GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"
-ENVS = {
-    "machina.env.machina_1.Machina1Env": ("machina.env.machina_1", "Machina1Env"),
-    GYMNASIUM: ("machina.env.gymnasium", "GymnasiumEnv"),
-    "machina.env.mettagrid.MettaGridEnv": ("machina.env.mettagrid", "MettaGridEnv"),
-}
+GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"  # its env ids may name a module to import (``imported_module``)
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values: values here are plain already
 BUILDER_ARGS = ("num_envs", "seed", "device", "outputs", "stagger")  # set by make_env
 
 
 def env_factory(
-    config: Mapping[str, Any] | DictConfig, device: torch.device | str, env_class: type[Env] | None = None
+    config: Mapping[str, Any] | DictConfig,
+    device: torch.device | str,
+    env_class: type[Env] | None = None,
+    trusted: Trusted | None = None,
 ) -> Callable[..., Env]:
     """``make_env(seed=..., num_envs=None, stagger=True, outputs=frozenset())``: the env that ``config`` (an env
     config node with its ``_target_``) describes, on ``device``. ``num_envs`` None keeps the node's own (or the
     class's default); ``outputs`` asks for optional outputs (keys of the env's ``spec.outputs``; see ``base.py``).
 
     ``env_class``: the class a composed config's ``_target_`` names, looked up by the caller; None (a node read from
-    a file) allows only ``ENVS``. ``config`` is checked first (``check_env_settings``); a DictConfig is taken
-    unresolved."""
+    a file) allows only an env class the ``trusted`` configuration names (None: ``machina.files.trusted.in_force``).
+    ``config`` is checked first (``check_env_settings``); a DictConfig is taken unresolved."""
     settings = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else dict(config)
-    check_env_settings(settings, composed=env_class is not None)
-    cls = env_class or env_class_of(settings["_target_"])
+    check_env_settings(settings, composed=env_class is not None, trusted=trusted)
+    cls = env_class or (trusted or in_force()).resolve(settings["_target_"], Env, "env._target_")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise ConfigError(f"env._target_={settings['_target_']} is not an env: it must subclass machina.env.base.Env")
     kwargs = {k: v for k, v in settings.items() if k not in ("_target_", "_convert_", *BUILDER_ARGS)}
@@ -83,20 +81,25 @@ def env_factory(
     return make_env
 
 
-def check_env_settings(settings: Any, source: str = "", composed: bool = False) -> None:
+def check_env_settings(settings: Any, source: str = "", composed: bool = False, trusted: Trusted | None = None) -> None:
     """Refuse, with one line naming ``source`` (the file it was read from, if any) and the entry, an env node that
-    is not a class with plain values: a ``_target_`` outside ``ENVS`` (unless the node is ``composed``: then any
-    class name), a Hydra key other than ``_convert_`` (``_args_``, ``_partial_``, ...), a ``_target_`` anywhere
-    below, an interpolation, or a value that is not plain."""
+    is not a class with plain values: a ``_target_`` that the ``trusted`` configuration (None:
+    ``machina.files.trusted.in_force``) does not name (unless the node is ``composed``: then any class name), a
+    Hydra key other than ``_convert_`` (``_args_``, ``_partial_``, ...), a ``_target_`` anywhere below, an
+    interpolation, or a value that is not plain."""
     prefix = f"{source}: " if source else ""
     if not isinstance(settings, dict):
         raise ConfigError(f"{prefix}env is {shorten(settings)}, not a mapping of env settings")
     check_plain(settings, source or "the env config", "env")
     target = settings.get("_target_")
-    if not isinstance(target, str) or (target not in ENVS and not composed):  # a list would not even hash
+    if not isinstance(target, str):
+        raise ConfigError(f"{prefix}env._target_ is {shorten(target)}, not the name of an env class")
+    if not composed and not (trusted or in_force()).allows(target):
         raise ConfigError(
-            f"{prefix}env._target_ is {shorten(target)}, not one of machina's envs ({', '.join(ENVS)}); settings read "
-            "from a file may name only these (name another env class on the command line: env._target_=...)"
+            f"{prefix}env._target_ is {shorten(target)}, which no config on the search path names; settings read "
+            "from a file may name only env classes the configuration in force names (put the package's configs on "
+            "it with hydra.searchpath=[pkg://<package>.conf], or name the class on the command line: "
+            "env._target_=...)"
         )
     if settings.get("_convert_", "all") not in CONVERT_MODES:
         raise ConfigError(
@@ -108,8 +111,8 @@ def check_env_settings(settings: Any, source: str = "", composed: bool = False) 
         nested = find_target(value, f"env.{key}")
         if nested:
             raise ConfigError(
-                f"{prefix}{nested} names an object to build; an env node names only its own class (one of machina's "
-                "envs) and gives it plain values"
+                f"{prefix}{nested} names an object to build; an env node names only its own class and gives it plain "
+                "values"
             )
 
 
@@ -124,13 +127,6 @@ def find_target(value: Any, key: str) -> str | None:
     else:
         return None
     return next((f for f in found if f), None)
-
-
-def env_class_of(target: str) -> type[Env]:
-    """The class ``ENVS`` lists under ``target``, imported from machina's module for it (the optional envs' modules
-    import their packages only when an env is built)."""
-    module, name = ENVS[target]
-    return getattr(importlib.import_module(module), name)
 
 
 def imported_module(settings: Mapping[str, Any]) -> str | None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from machina import keys
-from machina.env.base import Env
+from machina.env.base import Env, Renderable
 from machina.env.spec import EnvSpec, ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.evaluation.actors import Actor, PolicyActor, random_actor, teacher_actor
@@ -96,10 +96,27 @@ class Evaluator:
         rows["random"] = self._row(self.env(), random_actor(self.spec.num_actions, generator))
         return rows
 
+    def check_replays(self, way_out: str) -> None:
+        """Refuse, before anything is played, an env that cannot draw replay frames: one that is not
+        ``machina.env.base.Renderable``, or whose ``render`` refuses (NotImplementedError: a Gymnasium env without
+        ``rgb_array`` frames). ``way_out`` is the setting that turns replays off (``replay=false``). It asks for a
+        frame without drawing options, which every ``render`` takes."""
+        with closing(self.env(num_envs=1)) as env:
+            if not isinstance(env, Renderable):
+                raise ConfigError(
+                    f"{type(env).__name__} cannot render frames (it is not machina.env.base.Renderable), so it has no "
+                    f"replays; set {way_out}"
+                )
+            try:
+                env.render(0)
+            except NotImplementedError as err:
+                raise ConfigError(f"{err}; set {way_out}") from None
+
     @torch.no_grad()
     def episode_frames(self, policy: nn.Module, steps: int | None = None, **render: object) -> list[np.ndarray]:
-        """Frames (``Env.render``, with the ``render`` options) of the first env's episode with the policy, one per
-        step before it acts: ``steps`` of them, or the whole first episode. Sampling as in ``evaluate``."""
+        """Frames (``Renderable.render``, with the ``render`` options; ``check_replays`` first) of the first env's
+        episode with the policy, one per step before it acts: ``steps`` of them, or the whole first episode. Sampling
+        as in ``evaluate``."""
         env = self.env(num_envs=1)
         actor = PolicyActor(policy, env.spec.num_agents, self.greedy)
         frames = []

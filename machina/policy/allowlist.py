@@ -1,10 +1,11 @@
-"""Rebuild a policy from the architecture stored in a file, through machina's own classes only.
+"""Rebuild a policy from the architecture stored in a file, through trusted classes only.
 
 A file from elsewhere is data. ``hydra.utils.instantiate`` would import and call whatever a ``_target_`` names, nested
 ones included (``_target_: builtins.open`` inside an argument runs before the policy is built), so a file's
-architecture never goes through it. Here the architecture may name only the classes below, looked up in a dict (no
-import by name: importing a module can run code), and give them plain values. Its shape is that of a resolved
-``policy`` config (conf/policy/*.yaml):
+architecture never goes through it. Here the architecture may name only policy components that the configuration in
+force names (``machina.files.trusted``: a ``_target_`` of a YAML file on the config search path, or of the composed
+config), and give them plain values; a name no trusted config holds is refused before anything is imported. Its
+shape is that of a resolved ``policy`` config (conf/policy/*.yaml):
 
     _target_: machina.policy.component.ComponentPolicy     (optionally _convert_, as Hydra spells it)
     encoder / core / actor / critic: {_target_: <component>, _partial_: true, <argument>: <plain value>, ...}
@@ -23,24 +24,10 @@ import torch
 
 from machina.env.spec import ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
-from machina.policy.action_probs import ActionProbs
-from machina.policy.bag_encoder import TokenBagEncoder
-from machina.policy.component import ComponentPolicy
-from machina.policy.heads import ActorHead, CriticHead
-from machina.policy.lstm_core import LSTMCore
-from machina.policy.perceiver import PerceiverEncoder
-from machina.policy.vector_encoder import VectorEncoder
+from machina.files.trusted import Trusted, in_force
+from machina.policy.component import Component, ComponentPolicy
 
 POLICY = "machina.policy.component.ComponentPolicy"
-COMPONENTS: dict[str, type] = {
-    "machina.policy.bag_encoder.TokenBagEncoder": TokenBagEncoder,
-    "machina.policy.perceiver.PerceiverEncoder": PerceiverEncoder,
-    "machina.policy.vector_encoder.VectorEncoder": VectorEncoder,
-    "machina.policy.lstm_core.LSTMCore": LSTMCore,
-    "machina.policy.heads.ActorHead": ActorHead,
-    "machina.policy.heads.CriticHead": CriticHead,
-    "machina.policy.action_probs.ActionProbs": ActionProbs,
-}
 # Slots that ComponentPolicy calls as factories (``_partial_: true``); action_probs is the component itself.
 FACTORY_SLOTS = ("encoder", "core", "actor", "critic")
 SLOTS = (*FACTORY_SLOTS, "action_probs")
@@ -62,14 +49,16 @@ def architecture(policy_config: dict[str, Any]) -> dict[str, Any]:
     return {**policy_config, slot: {k: v for k, v in node.items() if k != flag}}
 
 
-def check_architecture(architecture: Any, source: str) -> None:
+def check_architecture(architecture: Any, source: str, trusted: Trusted | None = None) -> None:
     """Refuse, with a one-line ConfigError naming ``source`` and the entry (``architecture.encoder.embed_dim``),
-    anything that is not an allowed class with plain values."""
+    anything that is not a trusted policy component with plain values. ``trusted``: the classes the configuration in
+    force names (None: ``machina.files.trusted.in_force``)."""
+    trusted = trusted or in_force()
 
     def refuse(entry: str, why: str) -> ConfigError:
         return ConfigError(
-            f"{source}: architecture{entry} {why}; a policy file is data and may name only machina's policy "
-            f"components ({', '.join(sorted(name.rsplit('.', 1)[1] for name in COMPONENTS))}) with plain values"
+            f"{source}: architecture{entry} {why}; a policy file is data and may name only policy components that the "
+            "configuration in force names, with plain values"
         )
 
     if not isinstance(architecture, dict):
@@ -86,8 +75,7 @@ def check_architecture(architecture: Any, source: str) -> None:
             continue
         if not isinstance(node, dict):
             raise refuse(entry, f"is {node!r}, not a component")
-        if node.get("_target_") not in COMPONENTS:
-            raise refuse(f"{entry}._target_", f"is {node.get('_target_')!r}, which is not an allowed class")
+        trusted.resolve(node.get("_target_"), Component, f"{source}: architecture{entry}._target_")
         if node.get("_partial_", False) is not (slot in FACTORY_SLOTS):
             needed = slot in FACTORY_SLOTS
             raise refuse(f"{entry}._partial_", f"is {node.get('_partial_')!r}; the {slot} slot needs {needed}")
@@ -132,13 +120,14 @@ def check_sizes(
     num_actions: int,
     state_dict: dict[str, Any],
     source: str,
+    trusted: Trusted | None = None,
 ) -> None:
     """Refuse an architecture whose parameters are not those of ``state_dict`` (the weights the same file holds,
     bounded by its size) before anything is allocated: the policy is built on the meta device, which allocates
     nothing, and the names and shapes are compared. An architecture claiming a billion-wide layer next to small
     weights is refused here instead of being allocated."""
     with torch.device("meta"):
-        policy = build_policy(architecture, obs_spec, num_actions)
+        policy = build_policy(architecture, obs_spec, num_actions, trusted=trusted)
     expected = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
     found = {name: tuple(t.shape) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
     for name in sorted(set(expected) | set(found)):
@@ -158,9 +147,12 @@ def build_policy(
     obs_spec: ObsSpec | VectorObsSpec,
     num_actions: int,
     emit_full_log_probs: bool = False,
+    trusted: Trusted | None = None,
 ) -> ComponentPolicy:
-    """The policy an architecture describes (checked first with ``check_architecture``), emitting ``FULL_LOG_PROBS``
-    when the caller says so (``emit_full_log_probs``: a run-time flag, not architecture)."""
+    """The policy an architecture describes (checked first with ``check_architecture`` against the same
+    ``trusted``), emitting ``FULL_LOG_PROBS`` when the caller says so (``emit_full_log_probs``: a run-time flag, not
+    architecture)."""
+    trusted = trusted or in_force()
     slots: dict[str, Any] = {}
     for slot in SLOTS:
         node = architecture[slot]
@@ -168,7 +160,7 @@ def build_policy(
             slots[slot] = None
             continue
         kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_", "_convert_")}
-        cls = COMPONENTS[node["_target_"]]
+        cls = trusted.resolve(node["_target_"], Component, f"architecture.{slot}._target_")
         if slot == RUN_TIME[0]:
             kwargs[RUN_TIME[1]] = emit_full_log_probs
         slots[slot] = partial(cls, **kwargs) if slot in FACTORY_SLOTS else cls(**kwargs)

@@ -6,10 +6,9 @@ A policy file is a dict of plain data and tensors only:
      "num_actions": int, "state_dict": {...}, "checksum": <sha256 of the rest, machina.files.checksum>}
 A file from an untrusted source cannot run code or allocate more than it holds: it is read as bounded plain data
 (``machina.files.torch_file``: ``torch.load(weights_only=True)`` after its archive and pickle are checked), and the
-policy
-is rebuilt from the architecture through machina's own classes only (``machina.policy.allowlist``), never by
-``hydra.utils.instantiate``. A damaged file (its checksum does not match) or one without a checksum is refused, and
-so are weights that are not all finite.
+policy is rebuilt from the architecture through trusted classes only (``machina.policy.allowlist``: those the
+configuration in force names), never by ``hydra.utils.instantiate``. A damaged file (its checksum does not match) or
+one without a checksum is refused, and so are weights that are not all finite.
 """
 
 from pathlib import Path
@@ -22,6 +21,7 @@ from machina.env.spec import ObsSpec, VectorObsSpec, obs_spec_from_dict, obs_spe
 from machina.errors import ConfigError
 from machina.files import checksum, torch_file
 from machina.files.snapshot import nonfinite
+from machina.files.trusted import Trusted
 from machina.policy.allowlist import architecture, build_policy, check_architecture, check_sizes
 
 FORMAT = "machina.policy/1"
@@ -56,14 +56,15 @@ def read_checkpoint_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def check_policy_data(policy_data: Any, path: str | Path) -> None:
-    """Refuse a policy part (of a policy file or a checkpoint) that is not plain data machina can rebuild, or whose
-    weights are not all finite (a NaN teacher or resumed policy would only stop training later)."""
+def check_policy_data(policy_data: Any, path: str | Path, trusted: Trusted | None = None) -> None:
+    """Refuse a policy part (of a policy file or a checkpoint) that is not plain data naming ``trusted`` classes
+    (None: machina's own ``conf/``), or whose weights are not all finite (a NaN teacher or resumed policy would only
+    stop training later)."""
     where = f"checkpoint {str(path)!r}"
     if not isinstance(policy_data, dict) or policy_data.get("format") != FORMAT:
         found = policy_data.get("format") if isinstance(policy_data, dict) else type(policy_data).__name__
         raise ConfigError(f"{where} has a policy of format {found!r}, expected {FORMAT!r}")
-    check_architecture(policy_data.get("architecture"), where)
+    check_architecture(policy_data.get("architecture"), where, trusted)
     num_actions = policy_data.get("num_actions")
     if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
         raise ConfigError(f"{where}: num_actions is {num_actions!r}, not a positive integer")
@@ -80,18 +81,23 @@ def check_policy_data(policy_data: Any, path: str | Path) -> None:
 
 
 def load_policy(
-    path: str | Path, device: torch.device | str = "cpu", emit_full_log_probs: bool = False
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    emit_full_log_probs: bool = False,
+    trusted: Trusted | None = None,
 ) -> tuple[nn.Module, ObsSpec | VectorObsSpec]:
     """Rebuild a policy from a policy file (or the policy part of a training checkpoint); return it and its
-    observation spec. ``emit_full_log_probs`` is the caller's choice (off by default), not the file's."""
+    observation spec. ``emit_full_log_probs`` is the caller's choice (off by default), not the file's; ``trusted``:
+    the classes the file may name (the command's search path, ``machina.startup.trust``; None: machina's own)."""
     data = read_checkpoint_file(path)
     policy_data = data.get("policy", data)
-    check_policy_data(policy_data, path)
+    check_policy_data(policy_data, path, trusted)
     where = f"{'policy file' if data.get('format') == FORMAT else 'checkpoint'} {str(path)!r}"
     try:
         obs_spec = obs_spec_from_dict(policy_data["obs_spec"])
-        check_sizes(policy_data["architecture"], obs_spec, policy_data["num_actions"], policy_data["state_dict"], where)
-        policy = build_policy(policy_data["architecture"], obs_spec, policy_data["num_actions"], emit_full_log_probs)
+        architecture, num_actions = policy_data["architecture"], policy_data["num_actions"]
+        check_sizes(architecture, obs_spec, num_actions, policy_data["state_dict"], where, trusted)
+        policy = build_policy(architecture, obs_spec, num_actions, emit_full_log_probs, trusted)
         policy.load_state_dict(policy_data["state_dict"])
     except ConfigError:
         raise
@@ -104,7 +110,7 @@ def load_policy(
     return policy.to(device), obs_spec
 
 
-def load_teacher(path: str | None) -> nn.Module:
+def load_teacher(path: str | None, trusted: Trusted | None = None) -> nn.Module:
     """A frozen teacher network from a policy file (``losses.eer_kickstarter.teacher.path``), in eval mode and
     emitting ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.startup.build`` (the
     one
@@ -115,7 +121,7 @@ def load_teacher(path: str | None) -> nn.Module:
             "policy file (outputs/<run>/checkpoints/policy_*.pt)"
         )
     try:
-        teacher, _ = load_policy(path, emit_full_log_probs=True)
+        teacher, _ = load_policy(path, emit_full_log_probs=True, trusted=trusted)
     except ConfigError as err:
         raise ConfigError(f"losses.eer_kickstarter.teacher.path={path!r}: {err}") from None
     return teacher.requires_grad_(False).eval()

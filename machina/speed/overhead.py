@@ -69,15 +69,15 @@ def measure(trainer) -> dict[str, float]:
     torch.set_num_threads(1)
     try:
         progress = Progress(0, 1)
-        steps = trainer.experience.batch_size // trainer.env.spec.num_agents
-        minibatches = trainer.experience.num_minibatches * trainer.learner.update_epochs
+        steps = trainer.learner.experience.batch_size // trainer.rollout.env.spec.num_agents
+        minibatches = trainer.learner.experience.num_minibatches * trainer.learner.update_epochs
 
         def rollout():
-            trainer.policy.eval()
+            trainer.learner.policy.eval()
             trainer.rollout.run(progress)
 
         def learn():
-            trainer.policy.train()
+            trainer.learner.policy.train()
             trainer.learner.run(progress)
             trainer.learner.pop_metrics()
 

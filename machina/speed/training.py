@@ -93,16 +93,16 @@ class Setup:
             inference_sps = steps * n / (time.perf_counter() - start)
 
         trainer = self.trainer
-        trainer.policy.eval()
+        trainer.learner.policy.eval()
         trainer.rollout.run(Progress(0, 1))
-        trainer.policy.train()
+        trainer.learner.policy.train()
         sync(device)
         start = time.perf_counter()
         trainer.learner.run(Progress(0, 1))
         sync(device)
         learner_sps = parts.experience.batch_size / (time.perf_counter() - start)
         trainer.learner.pop_metrics()
-        trainer.stopwatch.pop()
+        trainer.learner.stopwatch.pop()
         return {"env_sps": env_sps, "inference_sps": inference_sps, "learner_sps": learner_sps}
 
     def syncs_per_step(self) -> float:
@@ -112,7 +112,7 @@ class Setup:
         with count_host_reads(reads):
             trainer.rollout.run(Progress(0, 1))
         steps = self.parts.experience.batch_size // self.parts.env.spec.num_agents
-        trainer.stopwatch.pop()
+        trainer.learner.stopwatch.pop()
         return len(reads) / steps
 
     def result(self, rates: dict[str, float], syncs: float) -> dict:

@@ -157,12 +157,7 @@ def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> 
     for name, node in (cfg.get("logger") or {}).items():
         settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
         target = settings.pop("_target_", None)
-        try:
-            sink_class = get_class(target)
-        except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
-            raise ConfigError(f"logger.{name}._target_={target} names no class that can be imported ({err})") from None
-        if not (isinstance(sink_class, type) and issubclass(sink_class, Sink)):
-            raise ConfigError(f"logger.{name}._target_={target} is not a sink (a machina.logging.sink.Sink subclass)")
+        sink_class = named_class(f"logger.{name}._target_", target, Sink, "a sink")
         try:  # the settings go to for_run, or to the constructor when the class keeps Sink's for_run
             if sink_class.for_run.__func__ is Sink.for_run.__func__:
                 inspect.signature(sink_class).bind(**settings)
@@ -198,14 +193,23 @@ def build_env_factory(env_cfg: DictConfig, device: torch.device) -> Callable[...
     evaluation build envs. The node comes from conf/ and the command line, not from a file, so its ``_target_`` may
     name any ``Env`` subclass; the class is looked up here."""
     settings = OmegaConf.to_container(env_cfg, resolve=True)
-    target = settings.get("_target_")
-    env_class = None
-    if isinstance(target, str):
-        try:
-            env_class = get_class(target)
-        except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
-            raise ConfigError(f"env._target_={target} names no class that can be imported ({err})") from None
+    env_class = named_class("env._target_", settings.get("_target_"), Env, "an env")
     return env_factory(settings, device, env_class)
+
+
+def named_class(key: str, target: object, base: type, kind: str) -> type:
+    """The class a composed config's ``key`` (``env._target_``) names, a subclass of ``base`` (``kind`` in words,
+    for messages). The composed config is the user's choice, so any class may be imported here; what a file names
+    goes through ``machina.files.trusted`` instead."""
+    if not isinstance(target, str):
+        raise ConfigError(f"{key} is {target!r}, not the name of a class; name {kind} class: {key}=module.Class")
+    try:
+        cls = get_class(target)
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+        raise ConfigError(f"{key}={target} names no class that can be imported ({err})") from None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{key}={target} is not {kind} (a {base.__module__}.{base.__qualname__} subclass)")
+    return cls
 
 
 def check_env_outputs(losses: dict[str, Loss], env_spec: EnvSpec, env_target: str) -> None:

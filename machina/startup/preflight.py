@@ -22,6 +22,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.errors import HydraException
@@ -67,13 +68,16 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
         return argv  # Hydra explains that a sweep needs --multirun
     register()
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3", job_name="preflight"):
-        loader = GlobalHydra.instance().config_loader()
-        groups = [o for o in overrides if is_group(loader, o)]
+        # The search path in force: conf/ plus the folders and packages the command line puts on it, where the
+        # options of a user's own groups (env=my_env from hydra.searchpath=[pkg://my_lab.conf]) are found.
+        searchpath = [o.input_line for o in overrides if o.key_or_group == "hydra.searchpath"]
+        options = GroupOptions(GlobalHydra.instance().config_loader(), config_name, searchpath)
+        groups = [o for o in overrides if options.is_group(o)]
         for override in groups:
-            check_group_option(loader, override)
-        keys = [o for o in overrides if not (is_group(loader, o) or hydra_key(o))]
+            check_group_option(options, override)
+        keys = [o for o in overrides if not (options.is_group(o) or hydra_key(o))]
         if any(o.type == OverrideType.CHANGE for o in keys):
-            check_keys(keys, [o for o in groups if not hydra_key(o)], config_name)
+            check_keys(keys, [o for o in groups if not hydra_key(o)], config_name, searchpath)
         if args.multirun:
             check_run_folder(folder_given(overrides, "hydra.sweep.dir") or Path("outputs"), "hydra.sweep.dir")
             return argv
@@ -112,19 +116,37 @@ def quoted(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"
 
 
-def is_group(loader, override: Override) -> bool:
-    return loader.repository.group_exists(override.key_or_group)
+class GroupOptions:
+    """The config groups and their options on the search path in force (``searchpath``: the command line's
+    ``hydra.searchpath=...`` overrides, which Hydra applies when it composes), each group listed once."""
+
+    def __init__(self, loader, config_name: str, searchpath: list[str]):
+        self.loader, self.config_name, self.searchpath = loader, config_name, searchpath
+        self.listed: dict[tuple[str, bool], list[str]] = {}
+
+    def options(self, group: str, configs_only: bool = True) -> list[str]:
+        if (group, configs_only) not in self.listed:
+            self.listed[group, configs_only] = self.loader.get_group_options(
+                group,
+                results_filter=ObjectType.CONFIG if configs_only else None,
+                config_name=self.config_name,
+                overrides=self.searchpath,
+            )
+        return self.listed[group, configs_only]
+
+    def is_group(self, override: Override) -> bool:
+        return bool(self.options(override.key_or_group, configs_only=False))
 
 
 def hydra_key(override: Override) -> bool:
     return override.key_or_group == "hydra" or override.key_or_group.startswith(("hydra.", "hydra/"))
 
 
-def check_group_option(loader, override: Override) -> None:
+def check_group_option(groups: GroupOptions, override: Override) -> None:
     """Every option the override names (each value of a sweep, each item of a list) must be in its group."""
     if override.type == OverrideType.DEL:
         return
-    options = loader.get_group_options(override.key_or_group)
+    options = groups.options(override.key_or_group)
     for value in values(override):
         for name in value if isinstance(value, list) else [value]:
             if isinstance(name, str) and name not in options:
@@ -141,19 +163,20 @@ def values(override: Override) -> list:
     return list(override.sweep_iterator()) if override.value_type in LISTED_SWEEPS else []
 
 
-def check_keys(keys: list[Override], groups: list[Override], config_name: str) -> None:
-    """Each changed key must exist in the config composed with the group choices (and key additions / deletions)."""
-    structural = [o for o in keys if o.type != OverrideType.CHANGE]
+def check_keys(keys: list[Override], groups: list[Override], config_name: str, searchpath: list[str]) -> None:
+    """Each changed key must exist in the config composed with the group choices (and key additions / deletions) on
+    the search path in force."""
+    structural = [*searchpath, *map(first_value, (o for o in keys if o.type != OverrideType.CHANGE))]
     keys = [o for o in keys if o.type == OverrideType.CHANGE]
     variants = compositions(groups)
-    base = compose_paths(config_name, [*next(variants), *map(first_value, structural)])
+    base = compose_paths(config_name, [*next(variants), *structural])
     if base is None:
         return  # Hydra will report why the config does not compose
     missing = [o for o in keys if o.key_or_group not in base]
     for choice in variants:
         if not missing:
             return
-        paths = compose_paths(config_name, [*choice, *map(first_value, structural)]) or set()
+        paths = compose_paths(config_name, [*choice, *structural]) or set()
         missing = [o for o in missing if o.key_or_group not in paths]
     if missing:
         override = missing[0]

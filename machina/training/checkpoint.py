@@ -1,29 +1,38 @@
 """Checkpoints: the whole training state at an epoch boundary, written atomically, loaded without running code.
 
+The Checkpointer only reads and writes files: their layout, the ranks' state gathered to rank 0, atomic writes and
+pruning. The state comes from the parts (``Trainer.state_dict``, ``Trainer.local_state_dict``), and whether it is
+good to resume from is theirs to say (``Trainer.problems``); the Checkpointer asks, and refuses to write.
+
 Layout of ``<run_dir>/checkpoints/`` (epochs zero-padded to 6 digits, so names sort by epoch):
     checkpoint_<epoch>.pt   the training state; the last ``trainer.keep_checkpoints`` are kept
     policy_<epoch>.pt       the policy file of that epoch (``machina.policy.io``), all kept: teachers
                             (``losses.eer_kickstarter.teacher.path``) and evaluation read them
 A checkpoint is a dict of plain data and tensors, so ``torch.load(weights_only=True)`` reads it:
-    format              "machina.checkpoint/2"
-    policy              a policy file's payload (architecture + weights): the policy the run produces, the same as
-                        policy_<epoch>.pt (with learner.average_horizon, the average of the weights)
+    format              "machina.checkpoint/3"
+    policy              a policy file's payload (architecture + weights): the policy the run produces
+                        (``Learner.produced_policy``: with learner.average_horizon, the average of the weights), the
+                        same as policy_<epoch>.pt; what eval.py and teachers read
     trainer             Trainer.state_dict(): epoch and agent_step after the epoch's update, the per-epoch history
-                        (agent_step / reward / SPS, so the run summary spans resumes) and the learner's optimizer
-                        (and, with a weight average, the policy's own training weights and the average's count)
+                        (agent_step / reward / SPS, so the run summary spans resumes), the policy's own (training)
+                        weights, and the learner's optimizer and weight average (its count and weights)
     ranks               per rank, Trainer.local_state_dict() (env, rollout, losses) and its RNG states (torch,
                         CUDA, numpy, python), gathered by rank 0, which alone writes
-    wandb_run_id        the W&B run a resume continues (None when W&B was off)
+    run_id              the run's own id (the sinks' ``RunInfo.id``; W&B continues the run of that id)
     config              the resolved config of the run that wrote it
     checksum            sha256 of everything above (``machina.files.checksum``), verified on load
-A checkpoint is written only when it is good to resume from: finite parameters and optimizer state, and finite losses
-with its weights (``Learner.loss_check``); so the checkpoint a stopped run names as its last good one is one whose
-weights evaluate to finite losses. Files are serialised in memory and then written atomically
-(``machina.files.atomic``), so
-a failed write reports the OS's reason (a full disk) and leaves the previous checkpoint the newest. History is
-append-only: a save prunes only checkpoints older than ``trainer.keep_checkpoints`` (``machina.run_folder.history``
-moves an
-abandoned future aside before a rewound run continues).
+A resume restores the training state from ``trainer`` and ``ranks``; the ``policy`` entry is for readers of the
+produced policy. A ``machina.checkpoint/2`` file (its ``policy`` the produced policy, the training weights inside
+``trainer.learner.average`` when averaging, ``wandb_run_id`` for ``run_id``) is read as this layout
+(``checkpoint_schema.from_format_2``), so runs written in it resume.
+
+A checkpoint is written only when every part calls its state good (``Trainer.problems``: finite parameters,
+optimizer state and average, and finite losses with the weights, ``Learner.problems``); so the checkpoint a stopped
+run names as its last good one is one whose weights evaluate to finite losses. Files are serialised in memory and
+then written atomically (``machina.files.atomic``), so a failed write reports the OS's reason (a full disk) and
+leaves the previous checkpoint the newest. History is append-only: a save prunes only checkpoints older than
+``trainer.keep_checkpoints`` (``machina.run_folder.history`` moves an abandoned future aside before a rewound run
+continues).
 
 Loading trusts nothing in the file: it is read as bounded plain data (``machina.files.torch_file``), its checksum must
 match, its structure and types must be a checkpoint's (``checkpoint_schema``), and each part checks the state it
@@ -34,53 +43,48 @@ row of it is rewritten before it is read again.
 
 import io
 import logging
-import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from machina.env.spec import ObsSpec
+from machina.env.spec import EnvSpec
 from machina.errors import ConfigError, TrainingStopped, one_line
 from machina.files import checksum
 from machina.files.atomic import atomic_write
 from machina.files.saved_state import within
-from machina.files.snapshot import capture_rng, nonfinite, restore_rng
+from machina.files.snapshot import capture_rng, restore_rng
+from machina.files.trusted import Trusted
 from machina.policy.allowlist import architecture
 from machina.policy.io import check_policy_data, policy_payload, read_checkpoint_file
 from machina.training import checkpoint_schema, distributed
+from machina.training.checkpoint_schema import FORMAT, FORMAT_2
 
 log = logging.getLogger(__name__)
 
-FORMAT = "machina.checkpoint/2"
 CHECKPOINT = re.compile(r"checkpoint_(\d+)\.pt")
 
 
 class Checkpointer:
-    """Writes checkpoints of a trainer into ``directory`` and restores a trainer from one.
+    """Writes checkpoints into ``directory`` and restores a trainer from one.
 
     Args:
         directory: ``<run_dir>/checkpoints``; created, and checked to be writable, by ``prepare``.
         architecture: the resolved ``policy`` config, enough to rebuild the policy (stored without its run-time
             flag ``action_probs.emit_full_log_probs``: ``machina.policy.allowlist.architecture``).
-        obs_spec: the env's observation spec, stored with the policy.
+        spec: the env's spec: its observation spec is stored with the policy, its action count checked on resume.
         config: the resolved run config, stored for the record and compared on resume.
-        wandb_run_id: the W&B run this run logs to.
+        run_id: the run's own id (``RunInfo.id``).
     """
 
     def __init__(
-        self,
-        directory: Path,
-        architecture: dict[str, Any],
-        obs_spec: ObsSpec,
-        config: dict[str, Any],
-        wandb_run_id: str | None,
+        self, directory: Path, architecture: dict[str, Any], spec: EnvSpec, config: dict[str, Any], run_id: str | None
     ):
         self.directory = Path(directory)
-        self.architecture, self.obs_spec, self.config = architecture, obs_spec, config
-        self.wandb_run_id = wandb_run_id
+        self.architecture, self.spec, self.config, self.run_id = architecture, spec, config, run_id
         self.latest: Path | None = latest_checkpoint(self.directory)
 
     def prepare(self) -> None:
@@ -100,41 +104,38 @@ class Checkpointer:
                 "writable or choose another with hydra.run.dir=PATH"
             ) from None
 
-    def save(self, trainer, keep: int) -> Path:
-        """Write ``policy_<epoch>.pt`` then ``checkpoint_<epoch>.pt`` (the commit point), and keep the last
-        ``keep`` checkpoints. Non-finite parameters or optimizer state, weights whose losses are not finite, or a
-        failed write (full disk, folder no longer writable) stop training naming the epoch or the file; the previous
-        checkpoint stays the newest. Under torchrun every rank calls this at the same epoch and rank 0 writes every
-        rank's state."""
-        name = f"{trainer.epoch:06d}.pt"
-        path = self.directory / f"checkpoint_{name}"
-        # Every rank holds the same parameters and optimizer state (DDP), so every rank takes the same decision.
-        bad = nonfinite({"policy": trainer.policy.state_dict(), "optimizer": trainer.optimizer.state_dict()["state"]})
-        if bad:
+    def save(self, state: dict, local: dict, produced: nn.Module, problems: list[str], keep: int) -> Path:
+        """Write ``policy_<epoch>.pt`` (of ``produced``, the policy the run produces) then ``checkpoint_<epoch>.pt``
+        (the commit point), and keep the last ``keep`` checkpoints. ``state`` is ``Trainer.state_dict()``, ``local``
+        this rank's ``Trainer.local_state_dict()``, ``problems`` this rank's ``Trainer.problems()``. Problems on any
+        rank, or a failed write (full disk, folder no longer writable), stop training naming the epoch or the file;
+        the previous checkpoint stays the newest. Under torchrun every rank calls this at the same epoch (all take
+        the same decision) and rank 0 writes every rank's state."""
+        epoch = state["epoch"]
+        path = self.directory / f"checkpoint_{epoch:06d}.pt"
+        # All ranks write or none: a rank whose own rows give finite losses stops with the others.
+        if distributed.agree_max(int(bool(problems))):
             raise TrainingStopped(
-                f"non-finite values after epoch {trainer.epoch} in {', '.join(bad[:3])}"
-                + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-                + f": checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
+                f"after epoch {epoch}, {'; '.join(problems) or 'another rank reports a state not good to resume'}: "
+                f"checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
                 "coefficients or learner.max_grad_norm"
             )
-        self._check_losses(trainer, path)
-        ranks = distributed.gather_to_main({**trainer.local_state_dict(), "rng": capture_rng()})
+        ranks = distributed.gather_to_main({**local, "rng": capture_rng()})
         if ranks is None:  # not rank 0
             self.latest = path
             return path
-        with trainer.learner.averaged_weights():
-            payload = policy_payload(trainer.policy, self.architecture, self.obs_spec)
-        state = {
+        payload = policy_payload(produced, self.architecture, self.spec.obs)
+        data = {
             "format": FORMAT,
             "policy": payload,
-            "trainer": trainer.state_dict(),
+            "trainer": state,
             "ranks": ranks,
-            "wandb_run_id": self.wandb_run_id,
+            "run_id": self.run_id,
             "config": self.config,
         }
         try:
-            write_file(self.directory / f"policy_{name}", payload)
-            write_file(path, checksum.seal(state))
+            write_file(self.directory / f"policy_{epoch:06d}.pt", payload)
+            write_file(path, checksum.seal(data))
         except OSError as err:
             reason = one_line(err.strerror or err)
             raise TrainingStopped(
@@ -142,33 +143,17 @@ class Checkpointer:
                 f"then rerun the same command to resume ({self._kept()})"
             ) from None
         self.latest = path
-        older = [p for epoch, p in checkpoints(self.directory) if epoch <= trainer.epoch]
+        older = [p for number, p in checkpoints(self.directory) if number <= epoch]
         for old in older[:-keep]:
             old.unlink()
-        log.info("checkpoint %s (epoch %d, agent step %d)", path, trainer.epoch, trainer.agent_step)
+        log.info("checkpoint %s (epoch %d, agent step %d)", path, epoch, state["agent_step"])
         return path
 
-    def _check_losses(self, trainer, path: Path) -> None:
-        """Refuse to call the weights good unless their losses are finite on the epoch's own data: a run that stops
-        names its newest checkpoint as the one to resume from, and weights that exploded but stayed finite (|w| ~
-        1e20 after a too-large learning rate) pass the parameter check and give NaN losses at the next forward. No
-        bound on the weights' magnitude instead: how large is too large depends on the architecture and the data,
-        while the losses are what a resume needs."""
-        losses = trainer.learner.loss_check()
-        bad = [f"{name}={value}" for name, value in losses.items() if not math.isfinite(value)]
-        # All ranks write or none: a rank whose own rows give finite losses stops with the others.
-        if distributed.agree_max(int(bool(bad))):
-            raise TrainingStopped(
-                f"the weights after epoch {trainer.epoch} give non-finite losses "
-                f"({', '.join(bad) or 'on another rank'}): checkpoint {str(path)!r} is not written and "
-                f"{self._kept()}; lower optimizer.lr, the loss's coefficients or learner.max_grad_norm"
-            )
-
     def restore(self, trainer, data: dict[str, Any], source: Path) -> None:
-        """Load ``data`` (read from ``source`` by ``load_checkpoint``) into ``trainer``; refuse a checkpoint it
-        cannot continue, naming the settings that differ or the entry that is wrong (a resume may be automatic: say
-        which file it was). Each part checks the state it restores (shapes, dtypes, value ranges), so every refusal
-        comes here, before the run folder changes.
+        """Load ``data`` (read from ``source`` by ``load_checkpoint``) into ``trainer`` (its ``load_state_dict``
+        and ``load_local_state_dict``); refuse a checkpoint it cannot continue, naming the settings that differ or
+        the entry that is wrong (a resume may be automatic: say which file it was). Each part checks the state it
+        restores (shapes, dtypes, value ranges), so every refusal comes here, before the run folder changes.
 
         The optimizer's state (moment estimates, step counts) comes from the checkpoint; its hyper-parameters (lr,
         eps, betas, weight decay: every param_group entry but ``params``) are this run's, so a changed
@@ -182,15 +167,14 @@ class Checkpointer:
                 + "; ".join(config_diff(policy["architecture"], ours, "policy"))
                 + "); resume with the checkpoint's policy settings or start a new run folder (hydra.run.dir)"
             )
-        if policy["num_actions"] != trainer.policy.num_actions:
+        if policy["num_actions"] != self.spec.num_actions:
             raise ConfigError(
                 f"{where} has a policy with {policy['num_actions']} actions but the env has "
-                f"{trainer.policy.num_actions}; resume with the checkpoint's env.num_vibes"
+                f"{self.spec.num_actions}; resume with the checkpoint's env.num_vibes"
             )
         ranks = data["ranks"]
         own = ranks[distributed.rank()] if distributed.rank() < len(ranks) else None
         try:
-            trainer.policy.load_state_dict(policy["state_dict"])
             with within("trainer."):
                 trainer.load_state_dict(data["trainer"])
             if own is not None:
@@ -220,20 +204,24 @@ class Checkpointer:
         return f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a training checkpoint safely; a policy file or a foreign file is refused with a clear message."""
+def load_checkpoint(path: str | Path, trusted: Trusted | None = None) -> dict[str, Any]:
+    """Read a training checkpoint safely, a ``machina.checkpoint/2`` one laid out as this format's; a policy file or
+    a foreign file is refused with a clear message, and so is a policy naming a class the ``trusted`` configuration
+    does not name (None: ``machina.files.trusted.in_force``)."""
     data = read_checkpoint_file(path)
-    if data["format"] != FORMAT and str(data["format"]).startswith("machina.checkpoint/"):
+    if data["format"] not in (FORMAT, FORMAT_2) and str(data["format"]).startswith("machina.checkpoint/"):
         raise ConfigError(
             f"{str(path)!r} is a training checkpoint of another machina version ({data['format']!r}, this one reads "
-            f"{FORMAT!r}); start a new run, or take its policy_*.pt as a teacher or for eval.py"
+            f"{FORMAT!r} and {FORMAT_2!r}); start a new run, or take its policy_*.pt as a teacher or for eval.py"
         )
-    if data["format"] != FORMAT:
+    if data["format"] not in (FORMAT, FORMAT_2):
         raise ConfigError(
             f"{str(path)!r} has format {data['format']!r}, not a training checkpoint ({FORMAT!r}); resume from a "
             "checkpoint_*.pt or a run folder (policy_*.pt files are for teachers and evaluation)"
         )
-    check_policy_data(data.get("policy"), path)
+    check_policy_data(data.get("policy"), path, trusted)
+    if data["format"] == FORMAT_2:
+        data = checkpoint_schema.from_format_2(data, path)
     checkpoint_schema.check(data, path)
     return data
 

@@ -1,25 +1,30 @@
 """The structure of a training checkpoint (``checkpoint.py``), checked when it is loaded, before anything is built.
 
 A matching checksum proves no author (``machina.files.checksum``): an edited file can be re-sealed. So ``check``
-refuses,
-with a ConfigError naming the file and the entry, anything but what ``Checkpointer.save`` writes:
+refuses, with a ConfigError naming the file and the entry, anything but what ``Checkpointer.save`` writes:
 
-    format                  "machina.checkpoint/2" (checked by ``load_checkpoint``)
+    format                  "machina.checkpoint/3" (checked by ``load_checkpoint``)
     policy                  a policy file's payload with finite weights (``machina.policy.io.check_policy_data``)
     trainer.epoch           an integer >= 0
     trainer.agent_step      an integer >= 0
     trainer.history         a list of mappings of names to numbers (one per epoch)
+    trainer.policy          {name: tensor}: the policy's own (training) weights
     trainer.learner         {"optimizer": {"state": {int: {name: tensor}}, "param_groups": [{"params": [int], ...}]}},
                             every floating-point tensor finite; with a weight average also "average": {"updates":
-                            int >= 0, "training_weights": {name: tensor}} (checked against the policy on restore)
+                            int >= 0, "weights": {name: tensor}}
     ranks                   a non-empty list of {"env": {name: tensor}, "rollout": {"step": packed, "state": packed},
                             "losses": {name: mapping}, "rng": RNG states (``state.check_rng``)}
-    wandb_run_id            None or a W&B run id: 1 to 64 letters, digits, "-" or "_"
+    run_id                  None or the run's id: 1 to 64 letters, digits, "-" or "_"
     config                  a mapping
 
 "packed" is a TensorDict as ``state.pack`` writes it. Whether the state fits the built run (shapes, dtypes and value
-ranges of the env's, the rollout's, the losses' and the optimizer's state) is checked where each part restores it
-(their ``load_state_dict``), also before the run folder changes.
+ranges of the policy's, the env's, the rollout's, the losses' and the optimizer's state) is checked where each part
+restores it (their ``load_state_dict``), also before the run folder changes.
+
+A ``machina.checkpoint/2`` file (until this layout) is read through ``from_format_2``, which lays its entries out as
+above: its ``policy`` was the produced policy (the average with ``learner.average_horizon``) and the training weights
+were ``trainer.learner.average.training_weights`` when averaging, else the policy itself; ``run_id`` was
+``wandb_run_id``.
 """
 
 import re
@@ -33,14 +38,17 @@ from machina.files import saved_state
 from machina.files.saved_state import within
 from machina.files.snapshot import check_rng, nonfinite
 
+FORMAT = "machina.checkpoint/3"
+FORMAT_2 = "machina.checkpoint/2"
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TRAINER_KEYS = ("epoch", "agent_step", "history", "policy", "learner")
 RANK_KEYS = ("env", "rollout", "losses", "rng")
 
 
 def check(data: dict[str, Any], path: str | Path) -> None:
     """Refuse a checkpoint whose entries (but format and policy) are not what the module docstring says."""
     with within(f"checkpoint {str(path)!r}: "):
-        trainer = saved_state.mapping(data.get("trainer"), "trainer", ("epoch", "agent_step", "history", "learner"))
+        trainer = saved_state.mapping(data.get("trainer"), "trainer", TRAINER_KEYS)
         with within("trainer."):
             _check_trainer(trainer)
         ranks = data.get("ranks")
@@ -50,9 +58,9 @@ def check(data: dict[str, Any], path: str | Path) -> None:
             rank = saved_state.mapping(rank, f"ranks[{index}]", RANK_KEYS)
             with within(f"ranks[{index}]."):
                 _check_rank(rank)
-        run_id = data.get("wandb_run_id")
+        run_id = data.get("run_id")
         if run_id is not None and not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
-            raise ConfigError(f"wandb_run_id is {run_id!r}, not a W&B run id (1 to 64 letters, digits, - or _)")
+            raise ConfigError(f"run_id is {run_id!r}, not a run id (1 to 64 letters, digits, - or _)")
         saved_state.mapping(data.get("config"), "config")
 
 
@@ -69,9 +77,22 @@ def _check_trainer(trainer: dict[str, Any]) -> None:
         )
         if not numbers:
             raise ConfigError(f"history[{index}] is {saved_state.describe(row)}, not a mapping of names to numbers")
+    tensors(trainer["policy"], "policy")
     learner = saved_state.mapping(trainer["learner"], "learner", ("optimizer",), optional=("average",))
     with within("learner."):
         _check_optimizer(learner["optimizer"])
+        if "average" in learner:
+            average = saved_state.mapping(learner["average"], "average", ("updates", "weights"))
+            saved_state.integer(average["updates"], "average.updates", 0)
+            tensors(average["weights"], "average.weights")
+
+
+def tensors(value: Any, name: str) -> dict[str, torch.Tensor]:
+    """``value``, which must be a mapping of names to tensors."""
+    for key, tensor in saved_state.mapping(value, name).items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"{name}.{key} is {saved_state.describe(tensor)}, not a tensor")
+    return value
 
 
 def _check_optimizer(optimizer: Any) -> None:
@@ -98,10 +119,7 @@ def _check_optimizer(optimizer: Any) -> None:
 
 
 def _check_rank(rank: dict[str, Any]) -> None:
-    env = saved_state.mapping(rank["env"], "env")
-    for key, value in env.items():
-        if not isinstance(value, torch.Tensor):
-            raise ConfigError(f"env.{key} is {saved_state.describe(value)}, not a tensor")
+    tensors(rank["env"], "env")
     rollout = saved_state.mapping(rank["rollout"], "rollout", ("step", "state"))
     for part in ("step", "state"):
         check_packed(rollout[part], f"rollout.{part}")
@@ -125,3 +143,28 @@ def check_packed(packed: Any, name: str) -> None:
                 pending.append((value, f"{entry}.{key}"))
             elif not isinstance(value, torch.Tensor):
                 raise ConfigError(f"{entry}.{key} is {saved_state.describe(value)}, not a tensor")
+
+
+def from_format_2(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A ``machina.checkpoint/2`` file's data laid out as this format's (see the module docstring), its policy
+    payload already checked (``check_policy_data``). What it does not take apart is left for ``check`` to refuse."""
+    produced = data["policy"]["state_dict"]
+    with within(f"checkpoint {str(path)!r}: "):
+        trainer = saved_state.mapping(data.get("trainer"), "trainer")
+        learner = dict(saved_state.mapping(trainer.get("learner"), "trainer.learner"))
+        average = learner.pop("average", None)
+        if average is None:
+            policy = dict(produced)
+        else:
+            average = saved_state.mapping(average, "trainer.learner.average", ("updates", "training_weights"))
+            training = tensors(average["training_weights"], "trainer.learner.average.training_weights")
+            policy = {**produced, **training}
+            averaged = {name: produced.get(name) for name in training}
+            learner["average"] = {"updates": average["updates"], "weights": averaged}
+    rest = {key: value for key, value in data.items() if key not in ("format", "trainer", "wandb_run_id")}
+    return {
+        **rest,
+        "format": FORMAT,
+        "trainer": {**trainer, "policy": policy, "learner": learner},
+        "run_id": data.get("wandb_run_id"),
+    }

@@ -18,6 +18,7 @@ evaluation and ``eval.py`` build their envs from ``env``, never from the curricu
 import logging
 from collections.abc import Mapping, Sequence
 
+from machina.env.base import Configurable, Env
 from machina.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,15 @@ class Curriculum:
     Args:
         stages: ``[{until: int, env: {setting: value}}, ...]``, ``until`` strictly increasing agent steps; each
             setting must be one of ``env.settings()``.
-        env: the training env (``machina.env.base.Env``).
+        env: the training env; it must be ``machina.env.base.Configurable``.
     """
 
-    def __init__(self, stages: Sequence[Mapping], env):
+    def __init__(self, stages: Sequence[Mapping], env: Env):
+        if not isinstance(env, Configurable):
+            raise ConfigError(
+                f"trainer.curriculum: {type(env).__name__} has no settings a curriculum can change (it is not "
+                "machina.env.base.Configurable); remove trainer.curriculum or choose env=machina_1"
+            )
         self.env = env
         self.defaults = dict(env.settings())
         self.ends: list[int] = []

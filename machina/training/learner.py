@@ -10,8 +10,8 @@ gradients over the ranks during backward.
 """
 
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from tensordict import TensorDict
@@ -19,6 +19,7 @@ from torch import nn
 
 from machina import checks, keys
 from machina.errors import ConfigError
+from machina.files.snapshot import nonfinite
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.policy.inputs import training_input
@@ -27,7 +28,7 @@ from machina.training import distributed
 from machina.training.execution import Execution
 from machina.training.experience import Experience
 from machina.training.optimizer_state import check_optimizer_state
-from machina.training.weight_average import WeightAverage, restore_training_weights
+from machina.training.weight_average import WeightAverage
 
 
 class Learner:
@@ -45,7 +46,7 @@ class Learner:
             exceeds it (CleanRL's ``target_kl``); costs one host read per update pass. None: never.
         average_horizon: agent steps: the time constant of an exponential average of the policy's weights over
             epochs (``machina.training.weight_average``), which is then the policy the run produces
-            (``averaged_weights``); 0: no average, the run produces the policy's own weights.
+            (``produced_policy``); 0: no average, the run produces the policy's own weights.
     """
 
     def __init__(
@@ -88,8 +89,8 @@ class Learner:
         )
 
     def state_dict(self) -> dict:
-        """The optimizer's state, and with a weight average its ``state_dict`` under ``average`` (the training
-        weights: the checkpoint's policy entry then holds the average)."""
+        """The optimizer's state, and with a weight average its ``state_dict`` under ``average``. The policy's own
+        weights are the trainer's entry (``Trainer.state_dict``)."""
         state = {"optimizer": self.optimizer.state_dict()}
         if self.average is not None:
             state["average"] = self.average.state_dict()
@@ -100,25 +101,36 @@ class Learner:
         eps, betas, weight decay: every param_group entry but ``params``): the configured values win, so a changed
         ``optimizer.lr`` takes effect on resume. The saved state is checked first (``check_optimizer_state``).
 
-        The policy holds the checkpoint's policy entry when this runs (``Checkpointer.restore``). A saved
-        ``average`` puts its training weights back into the policy, and the loaded weights become this run's
-        average (when it has one); a run that starts averaging on resume starts its average at the next epoch."""
+        A saved ``average`` becomes this run's average when it has one; a run that stops averaging drops it, and one
+        that starts averaging on resume starts its average at the next epoch. Neither reads nor writes the policy's
+        weights, so this may run before or after they are restored."""
         check_optimizer_state(self.optimizer, saved["optimizer"])
         if "average" in saved and self.average is not None:
             self.average.load_state_dict(saved["average"])
-        elif "average" in saved:
-            restore_training_weights(self.policy, saved["average"])
         settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(saved["optimizer"])
         for group, fresh in zip(self.optimizer.param_groups, settings, strict=True):
             group.update(fresh)
 
+    def problems(self) -> list[str]:
+        """Why the learner's state is not good to resume from, in a few words each; empty when it is. Non-finite
+        parameters, optimizer state or averaged weights are named; when all are finite, the losses must be finite
+        with the current weights too (``loss_check``): weights that exploded but stayed finite (|w| ~ 1e20 after a
+        too-large learning rate) give NaN at the next forward. Host reads: call it at checkpoint time only."""
+        average = self.average.averaged if self.average is not None else {}
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()["state"]}
+        bad = nonfinite({**state, "average": average})
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return [f"non-finite values in {', '.join(bad[:3])}{more}"]
+        losses = [f"{name}={value}" for name, value in self.loss_check().items() if not math.isfinite(value)]
+        return [f"the weights give non-finite losses ({', '.join(losses)})"] if losses else []
+
     def loss_check(self) -> dict[str, float]:
         """The enabled losses' ``loss_*`` terms with the current weights, on the buffer's first ``minibatch_segments``
-        rows (uniform weights) and at the schedule of the last update (``trained_at``): what ``Checkpointer.save``
-        reads, once per checkpoint, before it calls the weights good. Empty before the first update. It changes
-        nothing: no gradient, the run's RNG forked, the policy itself (not its DDP wrapper, which would sync
-        buffers), and one host read."""
+        rows (uniform weights) and at the schedule of the last update (``trained_at``): what ``problems`` reads, once
+        per checkpoint. Empty before the first update. It changes nothing: no gradient, the run's RNG forked, the
+        policy itself (not its DDP wrapper, which would sync buffers), and one host read."""
         if self.trained_at is None:
             return {}
         exp = self.experience
@@ -137,10 +149,17 @@ class Learner:
         if self.average is not None:
             self.average.update()
 
-    def averaged_weights(self) -> AbstractContextManager:
-        """A block in which the policy holds the weights the run produces: the average with ``average_horizon``,
-        else its own (a block that changes nothing). Evaluation, replays and policy files run inside it."""
-        return self.average.applied() if self.average is not None else nullcontext()
+    @contextmanager
+    def produced_policy(self) -> Iterator[nn.Module]:
+        """The policy the run produces, as a block: inside it, the policy (yielded) holds the weight average with
+        ``average_horizon`` (none before the average's first update), else its own weights, and its own again after
+        the block. The one view that periodic evaluation, replays and policy files (``policy_<epoch>.pt``, the
+        checkpoint's ``policy``) all use; in place, so a compiled or graphed policy plays it as it is."""
+        if self.average is None:
+            yield self.policy
+            return
+        with self.average.applied():
+            yield self.policy
 
     def prepare(self) -> None:
         """The epoch's work before its minibatches: the experience's training view (with ``compact_tokens``, the

@@ -1,6 +1,8 @@
 """Evaluation during training: metrics on held-out layouts every ``trainer.eval_interval`` epochs, and a replay GIF
 every ``trainer.replay_interval`` epochs (saved in the run folder; the trainer hands it to its sinks as media).
-How it plays is the ``evaluation`` node's (``conf/evaluation/default.yaml``, read by ``machina.run``).
+How it plays is the ``evaluation`` node's (``conf/evaluation/default.yaml``, read by ``machina.run``). The policy it
+is handed is the one the run produces (``Learner.produced_policy``: with ``learner.average_horizon``, the weight
+average), the same view the policy files hold.
 
 It runs on its own envs under a forked RNG (``machina.evaluation``), so training is the same with or without it;
 the trainer times it apart from the epoch, so it costs the run its own time and no training SPS. Under torchrun

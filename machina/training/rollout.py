@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from machina import keys
+from machina.env.base import Capturable, Env, Grouped, Resumable
 from machina.errors import ConfigError
 from machina.files import saved_state
 from machina.files.saved_state import within
@@ -40,6 +41,9 @@ ENV = "env"  # the env's result, nested in the outputs of a captured whole step
 class Rollout:
     """Owns the live env state between epochs: the step the policy acts on next and each agent's recurrent state.
 
+    What the env can do beyond the core is asked once, here (``machina.env.base``): ``Grouped`` (two groups:
+    overlapped steps), ``Capturable`` (the whole step in one graph), ``Resumable`` (a restore continues its episodes).
+
     Args:
         env: a batched env (``machina.env.base.Env``).
         policy: the component policy; ``policy.act`` runs on batch [N].
@@ -50,7 +54,7 @@ class Rollout:
 
     def __init__(
         self,
-        env,
+        env: Env,
         policy: nn.Module,
         losses: dict[str, Loss],
         experience: Experience,
@@ -84,12 +88,14 @@ class Rollout:
         self.act = execution.function(policy.act)
         # An env stepped elsewhere in two groups: act on one group while the other steps (``_run_overlapped``).
         # Losses' step hooks see whole steps and a graph replays a whole step, so either keeps the whole step.
-        self.groups = env.groups if env.groups == 2 and not self.hooked and not execution.graphs else 1
+        grouped = isinstance(env, Grouped) and env.groups == 2
+        self.groups = 2 if grouped and not self.hooked and not execution.graphs else 1
+        self.host_processes = env.host_processes if isinstance(env, Grouped) else 0
         size = self.num_agents // self.groups
         self.group_agents = [slice(g * size, (g + 1) * size) for g in range(self.groups)]
         self.whole_step = self.forward = None  # captured calls, when graphed
         if execution.graphs:
-            if env.capturable and not hooks_between:
+            if isinstance(env, Capturable) and not hooks_between:
                 self.whole_step = execution.capture(self._act_and_step, self.inputs, self._env_snapshot)
             else:
                 self.forward = execution.capture(self._act, self.inputs, lambda: lambda: None)
@@ -114,12 +120,14 @@ class Rollout:
         so no saved observation reaches the policy unchecked. The checkpoint gives only what the env does not hold:
         each agent's ``EPISODE_START`` (0 or 1) and recurrent state (this policy's keys, shapes and dtypes, finite).
         An env that started new episodes on load (``continues_episodes`` False) is acted on from its first
-        observations with fresh recurrent state: the saved ones belong to episodes that no longer exist."""
-        observed = self._observed(self.env.observe())
-        if not self.env.continues_episodes:
-            self.live.update_(observed)
+        observations with fresh recurrent state: the saved ones belong to episodes that no longer exist. An env
+        that is not ``Resumable`` restored nothing: it starts its episodes anew here (``reset``)."""
+        if not isinstance(self.env, Resumable) or not self.env.continues_episodes:
+            fresh = self.env.observe() if isinstance(self.env, Resumable) else self.env.reset()
+            self.live.update_(self._observed(fresh))
             self.live.update_(self.policy.initial_state(self.num_agents, self.device))
             return
+        observed = self._observed(self.env.observe())
         start = self.live[keys.EPISODE_START]
         with within("step.tensors."):
             starts = saved_state.tensor(saved["step"]["tensors"], keys.EPISODE_START, start.shape, start.dtype, 0, 1)
@@ -196,10 +204,10 @@ class Rollout:
         the policy's threads would otherwise take the cores the workers step the other group on (on 2 cores with 1
         worker, 1.15x the end-to-end agent-steps/s; BENCHMARKS.md)."""
         threads = torch.get_num_threads()
-        if self.device.type != "cpu" or not self.env.host_processes:
+        if self.device.type != "cpu" or not self.host_processes:
             yield
             return
-        torch.set_num_threads(max(1, threads - self.env.host_processes))
+        torch.set_num_threads(max(1, threads - self.host_processes))
         try:
             yield
         finally:

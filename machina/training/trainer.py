@@ -7,20 +7,18 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
-from torch import nn
 
 from machina import checks
+from machina.env.base import Resumable
 from machina.errors import ConfigError, EnvFailed, Interrupted, TrainingStopped
+from machina.files import saved_state
 from machina.files.saved_state import within
 from machina.logging.sink import Sink
-from machina.logging.stopwatch import Stopwatch
-from machina.losses.base import Loss
 from machina.progress import Progress
 from machina.training import distributed
 from machina.training.checkpoint import Checkpointer
 from machina.training.curriculum import Curriculum
 from machina.training.epoch_metrics import episode_metrics, summarize
-from machina.training.experience import Experience
 from machina.training.learner import Learner
 from machina.training.periodic_eval import PeriodicEval
 from machina.training.rollout import Rollout
@@ -60,8 +58,8 @@ class Trainer:
             With stages, every epoch also logs ``curriculum/stage`` (the stage its rollout ran in).
 
     Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
-    logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses non-finite
-    optimizer state, and weights whose losses are not finite). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
+    logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses to write
+    state that a part reports as not good: ``problems``). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
     current epoch finish, checkpoints it and raises ``Interrupted``; a second SIGINT abandons the epoch at once (the
     last checkpoint is kept) and a second SIGTERM kills the process.
     """
@@ -100,68 +98,61 @@ class Trainer:
         # Per-epoch SUMMARY_KEYS only: small enough to checkpoint, so the run summary spans resumes.
         self.history: list[dict[str, float]] = []
 
-    @property
-    def env(self):
-        return self.rollout.env
-
-    @property
-    def policy(self) -> nn.Module:
-        return self.learner.policy
-
-    @property
-    def losses(self) -> dict[str, Loss]:
-        return self.learner.losses
-
-    @property
-    def experience(self) -> Experience:
-        return self.learner.experience
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.learner.optimizer
-
-    @property
-    def stopwatch(self) -> Stopwatch:
-        return self.learner.stopwatch
-
     def state_dict(self) -> dict:
-        """What every rank shares: counters, the summary history and the learner (optimizer) state."""
+        """What every rank shares: counters, the summary history, the policy's own (training) weights and the
+        learner's state (optimizer, weight average). A snapshot: later training does not change it."""
         return {
             "epoch": self.epoch,
             "agent_step": self.agent_step,
             "history": list(self.history),
+            "policy": {name: value.detach().clone() for name, value in self.learner.policy.state_dict().items()},
             "learner": self.learner.state_dict(),
         }
 
     def load_state_dict(self, saved: dict) -> None:
-        """Restore a ``state_dict`` whose types ``checkpoint_schema`` checked; every history row must hold the
-        ``SUMMARY_KEYS`` the run summary reads."""
+        """Restore a ``state_dict`` whose types ``checkpoint_schema`` checked. Every entry is restored on its own
+        (none reads what another wrote), so the order does not matter; each is checked first: every history row
+        must hold the ``SUMMARY_KEYS`` the run summary reads, the policy's weights must be this policy's names,
+        shapes and dtypes, finite (a ConfigError names the entry)."""
         for index, row in enumerate(saved["history"]):
             missing = [key for key in SUMMARY_KEYS if key not in row]
             if missing:
                 raise ConfigError(f"history[{index}] lacks {', '.join(missing)}")
+        policy = self.learner.policy
+        policy.load_state_dict(saved_state.like(saved["policy"], policy.state_dict(), "policy"))
         with within("learner."):
             self.learner.load_state_dict(saved["learner"])
         self.epoch, self.agent_step = saved["epoch"], saved["agent_step"]
         self.history = list(saved["history"])
 
+    def problems(self) -> list[str]:
+        """Why this rank's state is not good to resume from (each part's own report: the learner's); empty when it
+        is. ``_save`` hands them to ``Checkpointer.save``, which refuses to write when any rank has one."""
+        return self.learner.problems()
+
     def local_state_dict(self) -> dict:
         """What each rank owns: its envs, its rollout (live observation, recurrent state) and its losses' rollout
         state (``Loss.get_extra_state``)."""
         return {
-            "env": self.env.state_dict(),
+            "env": self.rollout.env.state_dict() if isinstance(self.rollout.env, Resumable) else {},
             "rollout": self.rollout.state_dict(),
-            "losses": {name: loss.state_dict() for name, loss in self.losses.items()},
+            "losses": {name: loss.state_dict() for name, loss in self.learner.losses.items()},
         }
 
     def load_local_state_dict(self, saved: dict) -> None:
         """Restore a rank's state; a loss enabled since the checkpoint was taken starts fresh. Each part checks what
         it restores; a ConfigError names the entry (``env.pos``)."""
-        with within("env."):
-            self.env.load_state_dict(saved["env"])
+        env = self.rollout.env
+        if isinstance(env, Resumable):
+            with within("env."):
+                env.load_state_dict(saved["env"])
+        else:
+            log.warning(
+                "%s has no resumable state (machina.env.base.Resumable): its episodes start anew", type(env).__name__
+            )
         with within("rollout."):
             self.rollout.load_state_dict(saved["rollout"])
-        for name, loss in self.losses.items():
+        for name, loss in self.learner.losses.items():
             if name in saved["losses"]:
                 with within(f"losses.{name}."):
                     loss.load_state_dict(saved["losses"][name])
@@ -226,7 +217,7 @@ class Trainer:
     def run_epoch(self) -> int:
         """One epoch (rollout, then update) without its metrics read; return the agent steps taken (all ranks).
         ``train`` runs these; benchmarks time them."""
-        self.policy.eval()
+        self.learner.policy.eval()
         # The epoch's schedules (learning rate, loss coefficients) are those of where it starts, in the rollout and
         # in the update: the first epoch trains at the full learning rate (CleanRL's frac = 1 - (iteration - 1) / N).
         progress = self.progress
@@ -235,7 +226,7 @@ class Trainer:
         # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.
         steps = self.rollout.run(progress) * distributed.world_size()
         self.agent_step += steps
-        self.policy.train()
+        self.learner.policy.train()
         self.learner.run(progress)
         self.epoch += 1
         return steps
@@ -253,11 +244,11 @@ class Trainer:
         if not (evaluate or replay):
             return {}
         path = None
-        with self.learner.averaged_weights():  # the policy the run produces is what is evaluated
+        with self.learner.produced_policy() as policy:  # the policy the run produces is what is evaluated
             if evaluate:
-                metrics.update(self.evaluator.evaluate(self.policy))
+                metrics.update(self.evaluator.evaluate(policy))
             if replay:
-                path = self.evaluator.replay(self.policy, self.epoch)
+                path = self.evaluator.replay(policy, self.epoch)
         if path is not None:
             for sink in self.sinks:
                 sink.log_media("eval/replay", path, self.agent_step)
@@ -266,8 +257,12 @@ class Trainer:
         return metrics
 
     def _save(self) -> int:
+        """Checkpoint the epoch: the parts' reports and state first (the training weights), then the file written
+        with the produced policy swapped in."""
         if self.checkpointer is not None:
-            self.checkpointer.save(self, self.keep_checkpoints)
+            problems, state, local = self.problems(), self.state_dict(), self.local_state_dict()
+            with self.learner.produced_policy() as produced:
+                self.checkpointer.save(state, local, produced, problems, self.keep_checkpoints)
         return self.epoch
 
     def _kept(self) -> str:
@@ -281,10 +276,10 @@ class Trainer:
         env's episode sums are summed, so the episode means are over every rank's episodes."""
         learner_metrics, host_metrics = self.learner.pop_metrics()
         # The parameters' finiteness rides along in the same read (checked by ``_check_finite``, not logged).
-        finite = torch.stack([p.detach().isfinite().all() for p in self.policy.parameters()]).all()
+        finite = torch.stack([p.detach().isfinite().all() for p in self.learner.policy.parameters()]).all()
         means, stats = distributed.reduce_epoch(
-            {**learner_metrics, **self.experience.metrics(), PARAMS_FINITE: finite},
-            self.env.episode_stats(),
+            {**learner_metrics, **self.learner.experience.metrics(), PARAMS_FINITE: finite},
+            self.rollout.env.episode_stats(),
         )
         device_metrics = {**means, **episode_metrics(stats)}
         # The one host read of the epoch: every device metric at once.
@@ -302,7 +297,7 @@ class Trainer:
         )
         if self.curriculum is not None:
             metrics["curriculum/stage"] = self.curriculum.stage(self.agent_step - steps)
-        timings = self.stopwatch.pop()
+        timings = self.learner.stopwatch.pop()
         for phase, secs in sorted(timings.items()):
             metrics[f"timing/{phase}"] = secs
             metrics[f"timing/{phase}_frac"] = secs / seconds

@@ -53,7 +53,11 @@ class WeightAverage:
     @contextmanager
     def applied(self) -> Iterator[None]:
         """The policy holds the averaged weights inside the block and its own again after it, even if the block
-        raises. In place, so a compiled or graphed policy plays the average without being built again."""
+        raises. In place, so a compiled or graphed policy plays the average without being built again. Before the
+        first update (a run that starts averaging on resume) there is no average yet: the policy keeps its own."""
+        if self.updates == 0:
+            yield
+            return
         with torch.no_grad():
             own = {name: param.detach().clone() for name, param in self.params.items()}
             for name, param in self.params.items():
@@ -66,38 +70,18 @@ class WeightAverage:
                     param.copy_(own[name])
 
     def state_dict(self) -> dict:
-        """The policy's own (training) weights and the update count. The average itself is what the checkpoint's
-        ``policy`` entry holds (``Checkpointer.save`` writes it inside ``applied``), so it is not stored twice."""
-        return {
-            "updates": self.updates,
-            "training_weights": {name: param.detach().clone() for name, param in self.params.items()},
-        }
+        """The update count and the averaged weights (copies, so the snapshot stays what it was when taken)."""
+        return {"updates": self.updates, "weights": {name: value.clone() for name, value in self.averaged.items()}}
 
     @torch.no_grad()
     def load_state_dict(self, saved: dict) -> None:
-        """Restore from ``state_dict``'s output, the policy holding the checkpoint's ``policy`` entry (the average,
-        loaded first by ``Checkpointer.restore``): that becomes the average, and the saved training weights go back
-        into the policy. Shapes, dtypes and finiteness are checked first."""
-        self.updates, weights = checked(saved, self.params)
-        for name, param in self.params.items():
-            self.averaged[name].copy_(param)
-            param.copy_(weights[name])
-
-
-def restore_training_weights(policy: nn.Module, saved: dict) -> None:
-    """Put a checkpoint's training weights (``WeightAverage.state_dict``) back into ``policy`` when this run does not
-    average: training goes on from the weights that trained, not from their average."""
-    params = dict(policy.named_parameters())
-    _, weights = checked(saved, params)
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(weights[name])
-
-
-def checked(saved: dict, params: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
-    """(update count, training weights) of a saved ``WeightAverage.state_dict``, refused (ConfigError naming the
-    entry) unless the weights are ``params``' names, shapes and dtypes, and finite."""
-    saved = saved_state.mapping(saved, "average", ("updates", "training_weights"))
-    with within("average."):
-        updates = saved_state.integer(saved["updates"], "updates", 0)
-        return updates, saved_state.like(saved["training_weights"], params, "training_weights")
+        """Restore ``state_dict``'s output into the average alone: the policy's weights are not read or written, so
+        it does not matter whether they were restored before or after. Names, shapes, dtypes and finiteness are
+        checked first (ConfigError naming the entry)."""
+        saved = saved_state.mapping(saved, "average", ("updates", "weights"))
+        with within("average."):
+            updates = saved_state.integer(saved["updates"], "updates", 0)
+            weights = saved_state.like(saved["weights"], self.averaged, "weights")
+        for name, value in self.averaged.items():
+            value.copy_(weights[name])
+        self.updates = updates

@@ -1,5 +1,5 @@
 """Where ``MettaGridEnv``'s envs step: in this process (``Local``) or in worker processes (``Workers``), behind one
-interface: ``start(command, group)`` begins a command (``mettagrid_sims``: STEP, START_ALL, RESTART) on one group
+interface: ``start(command, group)`` begins a command (``sims``: STEP, START_ALL, RESTART) on one group
 of envs (or ``ALL_GROUPS``) and ``finish()`` waits until the oldest command started is done (workers run commands
 in the order sent, so two groups can be in flight at once).
 
@@ -19,8 +19,8 @@ import signal
 import weakref
 from multiprocessing.connection import wait
 
-from machina.env import mettagrid_sims
-from machina.env.mettagrid_sims import ALL_GROUPS, QUIT, Sims
+from machina.env.mettagrid import sims
+from machina.env.mettagrid.sims import ALL_GROUPS, QUIT, Sims
 from machina.errors import EnvFailed
 
 REPLY_TIMEOUT_S = 600.0  # a command unanswered this long means a hung engine
@@ -63,7 +63,7 @@ class Workers:
         for parts in group_parts(num_envs, groups, workers):
             parent, child = ctx.Pipe()
             args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats)
-            proc = ctx.Process(target=mettagrid_sims.serve, args=args, daemon=True, name="machina-env-worker")
+            proc = ctx.Process(target=sims.serve, args=args, daemon=True, name="machina-env-worker")
             proc.start()
             child.close()  # the worker holds the only other end: its end closing is our EOF, and ours is its
             self.conns.append(parent)
@@ -71,7 +71,7 @@ class Workers:
         self.pids = tuple(proc.pid for proc in self.procs)
         self.messages = {
             (command, group): bytes((command[0], group))
-            for command in (mettagrid_sims.STEP, mettagrid_sims.START_ALL, mettagrid_sims.RESTART)
+            for command in (sims.STEP, sims.START_ALL, sims.RESTART)
             for group in (*range(groups), ALL_GROUPS)
         }
         self.failed: str | None = None
@@ -162,7 +162,7 @@ def context():
     ctx = multiprocessing.get_context("forkserver")
     # "__main__" (the default) has the server import the main module once; Pythons without the fix of CPython issue
     # 126631 (3.13.8 and later have it) ignore it, so each worker imports the main module itself (train.py: torch).
-    ctx.set_forkserver_preload(["__main__", "machina.env.mettagrid_sims"])
+    ctx.set_forkserver_preload(["__main__", "machina.env.mettagrid.sims"])
     return ctx
 
 

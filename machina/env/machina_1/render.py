@@ -10,7 +10,7 @@ resource's colour (grey when none is held; its height grows with the amount) and
 
 import numpy as np
 
-from machina.env.grid import (
+from machina.env.machina_1.grid import (
     AGENT_CHARS,
     ASSEMBLER,
     CHARS,

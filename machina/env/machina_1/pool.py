@@ -20,11 +20,11 @@ still deterministic for a seed, and no host read; only less varied.
 
 import torch
 
-from machina.env import layout as layouts
-from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, INVENTORY_SLOTS, WALL, Geometry
-from machina.env.machina_1_obs import type_tokens
-from machina.env.rows import RowFormat
-from machina.env.teacher import GOAL_SLOTS, INF, distance_fields
+from machina.env.machina_1 import layout as layouts
+from machina.env.machina_1.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, INVENTORY_SLOTS, WALL, Geometry
+from machina.env.machina_1.obs import type_tokens
+from machina.env.machina_1.rows import RowFormat
+from machina.env.machina_1.teacher import GOAL_SLOTS, INF, distance_fields
 from machina.errors import ConfigError
 from machina.files import saved_state
 

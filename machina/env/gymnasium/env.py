@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import checks, keys
-from machina.env.base import Env
+from machina.env.base import Env, Renderable, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, VectorObsSpec
 from machina.errors import ConfigError
@@ -44,7 +44,7 @@ VECTORIZERS = ("sync", "async")
 INSTALL_HINT = "env=gymnasium needs the gym extra: pip install -e '.[gym]' (gymnasium>=1.1 with classic control)"
 
 
-class GymnasiumEnv(Env):
+class GymnasiumEnv(Env, Resumable, Renderable):
     """E copies of the Gymnasium env ``id``; see the module docstring.
 
     Args:
@@ -57,9 +57,13 @@ class GymnasiumEnv(Env):
         num_envs, seed, device, outputs, stagger: the env factory's arguments (``base.py``). A Gymnasium env
             declares no optional outputs (``spec.outputs`` is empty), so ``outputs`` asks for nothing; ``stagger``
             changes nothing, since episodes of Gymnasium envs end at different steps by themselves.
+
+    Capabilities (``machina.env.base``): ``Resumable`` without continuing episodes (a Gymnasium env's state cannot
+    be saved: the episode counters and stat sums are, and a restored env starts new episodes with the seeds that
+    follow them); ``Renderable`` where the env draws ``rgb_array`` frames.
     """
 
-    continues_episodes = False  # a Gymnasium env's state cannot be saved: a restored env starts new episodes
+    continues_episodes = False
 
     def __init__(
         self,
@@ -85,7 +89,7 @@ class GymnasiumEnv(Env):
         checks.integer("env.num_envs", num_envs, 1)
         self.device = torch.device(device)
         self.num_envs = self.num_agents = num_envs
-        self.seed = seed
+        self.id, self.seed = id, seed
         make_kwargs = dict(kwargs or {})
         if max_steps is not None:
             make_kwargs["max_episode_steps"] = max_steps
@@ -211,7 +215,9 @@ class GymnasiumEnv(Env):
         """Env ``env_index``'s frame as uint8 RGB [H, W, 3], where the env renders ``rgb_array`` (drawing options
         such as ``cell`` are machina_1's and are ignored here)."""
         if self.vec.render_mode != "rgb_array":
-            return super().render(env_index)
+            raise NotImplementedError(
+                f"{self.id} cannot render frames (no rgb_array render mode), so it has no replays"
+            )
         if hasattr(self.vec.unwrapped, "envs"):  # SyncVectorEnv: draw only the env asked for
             return np.asarray(self.vec.unwrapped.envs[env_index].render(), dtype=np.uint8)
         return np.asarray(self.vec.unwrapped.call("render")[env_index], dtype=np.uint8)

@@ -6,8 +6,8 @@ cog with its inventory. Read on the host; for replays, never inside training ste
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from machina.env.grid import ASSEMBLER, CHEST, EXTRACTOR, HEART, OBSTACLE, RESOURCE_NAMES, WALL
-from machina.env.render import AGENT_COLOURS, FLOOR, OBJECT_COLOURS, render_frame
+from machina.env.machina_1.grid import ASSEMBLER, CHEST, EXTRACTOR, HEART, OBSTACLE, RESOURCE_NAMES, WALL
+from machina.env.machina_1.render import AGENT_COLOURS, FLOOR, OBJECT_COLOURS, render_frame
 
 LEGEND = [
     ("wall", OBJECT_COLOURS[WALL]),

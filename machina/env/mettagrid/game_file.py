@@ -1,7 +1,7 @@
 """A MettaGrid game given as a file (``env.game=<name or path>``), read as data and checked before MettaGrid's
 config model sees it.
 
-A game file is a ``MettaGridConfig`` dumped to YAML or JSON (``python -m machina.env.mettagrid_game dump``). It
+A game file is a ``MettaGridConfig`` dumped to YAML or JSON (``python -m machina.env.mettagrid.game dump``). It
 may come from anyone, so reading one must not run code it names. MettaGrid's model is plain data except in one
 place: a map builder's or a map-generation scene's ``type`` field is a class path that its validators import with
 ``mettagrid.util.module.load_symbol`` (any module, even a notebook) before checking what it names. So a file is:
@@ -122,7 +122,7 @@ REFUSED_SCENES = {
 # The one other ``type`` in a MettaGridConfig: a building distribution's kind (``DistributionConfig.type`` in the
 # BiomeArena and UniformExtractorScene scenes), a plain word; load_symbol refuses a name without a dot unread.
 DISTRIBUTION_KINDS = frozenset(["uniform", "normal", "exponential", "poisson", "bimodal"])
-WHAT = "a game file is data: every type must be in machina.env.game_file.ALLOWED_TYPES"
+WHAT = "a game file is data: every type must be in machina.env.mettagrid.game_file.ALLOWED_TYPES"
 
 
 def game_path(game: str) -> Path:
@@ -133,9 +133,10 @@ def game_path(game: str) -> Path:
 
 
 def read_game(game: str) -> "MettaGridConfig":
-    """The game named by ``game``: a shipped game's name (``arena``, ...: a file machina/env/games/<name>.yaml)
-    or a path to a .yaml / .json file (relative to the current directory), read as data, checked, validated by
-    ``MettaGridConfig.model_validate`` and checked by ``check_servable`` (see the module docstring).
+    """The game named by ``game``: a shipped game's name (``arena``, ...: a file
+    machina/env/mettagrid/games/<name>.yaml) or a path to a .yaml / .json file (relative to the current directory),
+    read as data, checked, validated by ``MettaGridConfig.model_validate`` and checked by ``check_servable`` (see the
+    module docstring).
     ConfigError: one line naming the file and the entry."""
     path = game_path(game)
     source = f"env.game={game}" if str(path) == game else f"env.game={game} ({path})"

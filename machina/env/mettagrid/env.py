@@ -4,8 +4,8 @@ behind the same reset / step TensorDict interface as the built-in ``Machina1Env`
 The game is a file read as data (``game_file.read_game``: a shipped game's name such as ``arena``, or the path of
 a .yaml / .json MettaGridConfig); agents per env, actions, the observation window and token count, and the
 feature names come from it. Each env is one MettaGrid ``Simulation`` whose C++ core writes straight into slices of
-one set of batch arrays (``mettagrid_sims``), stepped in this process (``workers=0``) or by worker processes that
-share the arrays (``workers=N`` or ``auto``; ``mettagrid_workers``). With ``overlap`` the envs form two groups
+one set of batch arrays (``sims``), stepped in this process (``workers=0``) or by worker processes that
+share the arrays (``workers=N`` or ``auto``; ``workers``). With ``overlap`` the envs form two groups
 (``groups`` = 2) that ``send`` / ``recv`` step apart, so the workers step one group while the policy acts on the
 other. An env's trajectory depends only on the seed, its index and the actions: any worker count and either
 ``overlap`` give the same numbers.
@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.env.base import Env
+from machina.env.base import Env, Grouped, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError, EnvFailed
@@ -39,7 +39,7 @@ BASE_STATS = ("episodes", "return", "length")
 INSTALL_HINT = "env=mettagrid needs the mettagrid extra: pip install -e '.[mettagrid]'"
 
 
-class MettaGridEnv(Env):
+class MettaGridEnv(Env, Resumable, Grouped):
     """E envs of the MettaGrid game ``game``; see the module docstring.
 
     Settings: ``game`` (a shipped game's name or a .yaml / .json path), ``max_steps`` (None: the game's own episode
@@ -49,9 +49,13 @@ class MettaGridEnv(Env):
     (episode stat name -> MettaGrid agent stat, summed over an env's agents when its episode ends). ``outputs``
     is taken for the common constructor signature; this env declares no optional outputs. ``stagger`` False plays
     whole first episodes (evaluation).
+
+    Capabilities (``machina.env.base``): ``Resumable`` without continuing episodes (MettaGrid's C++ state is not
+    saved: the episode counters and stat sums are, and a restored env starts new episodes with the seeds that follow
+    them); ``Grouped`` (two groups with ``overlap``, ``host_processes`` worker processes).
     """
 
-    continues_episodes = False  # MettaGrid's C++ state is not saved: a restored env starts new episodes
+    continues_episodes = False
 
     def __init__(
         self,
@@ -67,10 +71,11 @@ class MettaGridEnv(Env):
         stagger: bool = True,
     ):
         try:
-            from machina.env import mettagrid_sims, mettagrid_workers
+            from machina.env.mettagrid import sims
+            from machina.env.mettagrid import workers as worker_processes
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
-        from machina.env import game_file
+        from machina.env.mettagrid import game_file
 
         stats = dict(stats or {})
         check_settings(num_envs, workers, overlap, stats, max_steps)
@@ -91,23 +96,23 @@ class MettaGridEnv(Env):
         # Two equal groups of whole envs; an odd count (a replay's one env, say) steps as one group.
         self.groups = 2 if overlap and num_envs % 2 == 0 else 1
         self.tally = EpisodeTally((*BASE_STATS, *stats), num_envs)
-        self.seed_stride = mettagrid_sims.SEED_STRIDE
+        self.seed_stride = sims.SEED_STRIDE
 
-        layout = mettagrid_sims.batch_layout(n, max_tokens, num_envs, len(stats))
-        size = mettagrid_sims.buffer_size(layout)
-        processes = mettagrid_workers.worker_count(workers, num_envs // self.groups, usable_cores())
+        layout = sims.batch_layout(n, max_tokens, num_envs, len(stats))
+        size = sims.buffer_size(layout)
+        processes = worker_processes.worker_count(workers, num_envs // self.groups, usable_cores())
         if processes == 0:
             buffer = np.zeros(size, dtype=np.uint8)
-            self.arrays = mettagrid_sims.batch_arrays(buffer, layout)
-            self.runner = mettagrid_workers.Local(cfg, num_envs, seed, stagger, tuple(stats.values()), self.arrays)
+            self.arrays = sims.batch_arrays(buffer, layout)
+            self.runner = worker_processes.Local(cfg, num_envs, seed, stagger, tuple(stats.values()), self.arrays)
         else:
-            buffer = mettagrid_workers.shared_buffer(size)
-            self.arrays = mettagrid_sims.batch_arrays(buffer, layout)
-            self.runner = mettagrid_workers.Workers(
+            buffer = worker_processes.shared_buffer(size)
+            self.arrays = sims.batch_arrays(buffer, layout)
+            self.runner = worker_processes.Workers(
                 processes, self.groups, buffer, layout, cfg, num_envs, seed, stagger, tuple(stats.values())
             )
         self.host_processes = processes
-        self.commands = mettagrid_sims
+        self.commands = sims
         self.host = {name: torch.from_numpy(array) for name, array in self.arrays.items()}
         self.group_agents = [slice(g * n // self.groups, (g + 1) * n // self.groups) for g in range(self.groups)]
         self.group_envs = [

@@ -25,7 +25,7 @@ its object each carry HALF, so their sum has REAL set only when the object has a
 
 import torch
 
-from machina.env.grid import (
+from machina.env.machina_1.grid import (
     AGENT,
     CENTRE_LOC,
     F_COOLDOWN,

@@ -1,6 +1,6 @@
 """The stepping core of ``MettaGridEnv``: the MettaGrid ``Simulation`` of each env in a contiguous range, writing
 straight into the batch arrays, whether it runs in the trainer's process (``env.workers=0``) or in a worker
-(``mettagrid_workers.py``). This module imports numpy and mettagrid only (no torch), so a worker starts light.
+(``workers.py``). This module imports numpy and mettagrid only (no torch), so a worker starts light.
 
 The batch arrays (``batch_layout``) are numpy views of one flat byte buffer: process memory in the trainer, or a
 ``multiprocessing`` shared ``RawArray`` that every worker maps too. Per agent (N = envs x agents per env, agent
@@ -210,7 +210,7 @@ class Sims:
 
 def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_envs: int, seed: int, stagger: bool,
           stats: tuple[str, ...]) -> None:  # fmt: skip
-    """A worker's loop (``mettagrid_workers``): the envs of ``parts`` (one range per group) in the shared
+    """A worker's loop (``workers``): the envs of ``parts`` (one range per group) in the shared
     ``buffer``, stepped on the parent's commands through ``conn`` (two bytes: command, group), each answered with
     b"" or, once an engine raised, the error's one line (then the worker exits). Exits when the parent closes its
     end of the pipe or dies. Ignores SIGINT: the trainer decides what a Ctrl-C stops."""

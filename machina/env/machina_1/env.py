@@ -48,9 +48,9 @@ import torch
 from tensordict import TensorDict
 
 from machina import keys
-from machina.env import layout as layouts
-from machina.env.base import Env
-from machina.env.grid import (
+from machina.env.base import Capturable, Configurable, Env, Renderable
+from machina.env.machina_1 import layout as layouts
+from machina.env.machina_1.grid import (
     ASSEMBLER,
     CHEST,
     EMPTY,
@@ -62,12 +62,12 @@ from machina.env.grid import (
     Geometry,
     feature_table,
 )
-from machina.env.machina_1_obs import TokenEncoder
-from machina.env.machina_1_settings import check_settings, is_int
-from machina.env.pool import EpisodePool, Episodes
+from machina.env.machina_1.obs import TokenEncoder
+from machina.env.machina_1.pool import EpisodePool, Episodes
+from machina.env.machina_1.settings import check_settings, is_int
+from machina.env.machina_1.step_buffers import StepBuffers
+from machina.env.machina_1.teacher import Teacher
 from machina.env.spec import EnvSpec, ObsSpec
-from machina.env.step_buffers import StepBuffers
-from machina.env.teacher import Teacher
 from machina.errors import ConfigError
 from machina.files import saved_state
 
@@ -77,7 +77,7 @@ STAT_NAMES = ("episodes", "return", "length", "hearts_made", "hearts_deposited",
 NUM_MOVES = 5  # noop + 4 directions; vibe actions follow
 
 
-class Machina1Env(Env):
+class Machina1Env(Env, Capturable, Configurable, Renderable):
     """E envs x A agents of the machina_1 re-creation. See the module docstring for the rules.
 
     ``state`` maps names to views of the per-env rows (all int64 on ``device``; P = cells of one padded board,
@@ -87,14 +87,14 @@ class Machina1Env(Env):
     counter of the episode, ``ep`` [E, 5] this episode's counts (``Episodes.COUNTS``) and, with the teacher,
     ``dist`` int16 [E, P, 8] distance fields (teacher.py).
 
-    ``capturable``: ``step`` replays from a CUDA graph (module docstring).
+    Capabilities (``machina.env.base``): ``Capturable`` (``step`` replays from a CUDA graph, module docstring; and so
+    ``Resumable``: a restored env continues its episodes exactly), ``Configurable`` (``region_size``,
+    ``inventory_cap``), ``Renderable``.
 
     Every step writes into buffers allocated once; ``step``, ``reset`` and ``observe`` return copies of them, which
     the caller owns (losses keep a step across the next one, so handing out the buffers themselves would let the
     next step change what they hold).
     """
-
-    capturable = True
 
     def __init__(
         self,
@@ -363,7 +363,7 @@ class Machina1Env(Env):
     def render(self, env_index: int = 0, cell: int = 24) -> np.ndarray:
         """The replay frame of env ``env_index``: the map (``cell`` pixels per map cell) with a header (step, return
         and hearts so far) and a legend (see ``frame.py``), uint8 RGB [H, W, 3]."""
-        from machina.env.frame import draw_frame  # PIL is imported only where frames are drawn
+        from machina.env.machina_1.frame import draw_frame  # PIL is imported only where frames are drawn
 
         return draw_frame(self, env_index, cell)
 

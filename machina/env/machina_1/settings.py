@@ -3,7 +3,7 @@
 import math
 from typing import Any
 
-from machina.env.machina_1_obs import never_cut
+from machina.env.machina_1.obs import never_cut
 from machina.errors import ConfigError
 
 # Integer settings: (smallest, largest or None) allowed, and why where it is not obvious.

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from machina.env.grid import (
+from machina.env.machina_1.grid import (
     AGENT_CHARS,
     ASSEMBLER,
     CHARS,

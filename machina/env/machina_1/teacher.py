@@ -19,7 +19,16 @@ leads to the goal (blocked in, or the goal is walled off) the teacher plays noop
 
 import torch
 
-from machina.env.grid import ASSEMBLER, CHEST, EMPTY, EXTRACTOR, HEART, INVENTORY_SLOTS, NUM_GOALS, NUM_RESOURCES
+from machina.env.machina_1.grid import (
+    ASSEMBLER,
+    CHEST,
+    EMPTY,
+    EXTRACTOR,
+    HEART,
+    INVENTORY_SLOTS,
+    NUM_GOALS,
+    NUM_RESOURCES,
+)
 
 INF = 30000  # "unreachable" in the int16 distance fields; INF + sweeps must stay below the int16 max
 NOT_WANTED = 0x7FFF  # or-ed into the distances of goals an agent does not head for: above INF, whatever the distance

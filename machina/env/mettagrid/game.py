@@ -1,5 +1,5 @@
 """MettaGrid games built with MettaGrid's own config API (``pip install -e '.[mettagrid]'``), and the command that
-writes a game built in Python to a game file (``machina/env/game_file.py`` reads it back as data).
+writes a game built in Python to a game file (``machina/env/mettagrid/game_file.py`` reads it back as data).
 
 MettaGrid's shipped builders put only walls on the map, so the games' objects are generic grid objects with
 ``on_use`` handlers (an agent "uses" an object by moving into it):
@@ -12,8 +12,8 @@ MettaGrid's shipped builders put only walls on the map, so the games' objects ar
 
 Writing a game file (the builders' settings as ``key=value``, parsed as YAML scalars or lists)::
 
-    python -m machina.env.mettagrid_game dump arena arena.yaml agents_per_env=2 max_steps=100
-    python -m machina.env.mettagrid_game dump my_games.race:race_config race.json laps=3
+    python -m machina.env.mettagrid.game dump arena arena.yaml agents_per_env=2 max_steps=100
+    python -m machina.env.mettagrid.game dump my_games.race:race_config race.json laps=3
 
 ``module.path:function`` imports the module and calls the function with the given settings: that runs your code,
 which is your choice when you type the command. The file it writes is plain data, and reading it back runs none.
@@ -58,7 +58,7 @@ from mettagrid.mapgen.scenes.bsp import BSP
 from mettagrid.mapgen.scenes.make_connected import MakeConnected
 from mettagrid.mapgen.scenes.random import Random
 
-from machina.env import game_file
+from machina.env.mettagrid import game_file
 from machina.errors import ConfigError, one_line
 
 # Agent stats (per agent, summed over an env's agents at episode end) that machina reports as episode stats.
@@ -289,7 +289,7 @@ def dump(game: str, out: str, pairs: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m machina.env.mettagrid_game",
+        prog="python -m machina.env.mettagrid.game",
         description="Write a MettaGrid game built in Python to a game file (env.game=<file>).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "dump",
         help="write a game file",
         description="Build a game and write it as a game file, then read it back as machina will.",
-        epilog="example: python -m machina.env.mettagrid_game dump arena arena.yaml agents_per_env=2",
+        epilog="example: python -m machina.env.mettagrid.game dump arena arena.yaml agents_per_env=2",
     )
     cmd.add_argument("game", help=f"one of {', '.join(GAMES)}, or module.path:function (imports and runs it)")
     cmd.add_argument("out", help="the file to write: .yaml, .yml or .json")
