@@ -61,7 +61,9 @@ def check_component(
     policy: Mapping[str, Any] | None = None,
     obs: ObsSpec | VectorObsSpec | None = None,
 ) -> None:
-    """Raise ``ConformanceError`` (one sentence: what to implement) unless ``component`` meets the contract.
+    """Raise ``ConformanceError`` (one sentence: what to implement) unless ``component`` meets the contract::
+
+        check_component({"_target_": "my_lab.encoder.MyEncoder", "_partial_": True, "hidden": 16})
 
     Args:
         component: the component's class, a ``functools.partial`` of it with settings, or its slot's config

@@ -32,7 +32,9 @@ RUN_ID = "conformance"
 
 def check_loss(name: str, overrides: Sequence[str] = ()) -> None:
     """Raise ``ConformanceError`` (one sentence: what to implement) unless the loss enabled as ``losses.<name>`` by
-    ``overrides`` (composed over machina's ``conf/`` at ``debug=tiny`` sizes) meets the ``Loss`` contract.
+    ``overrides`` (composed over machina's ``conf/`` at ``debug=tiny`` sizes) meets the ``Loss`` contract::
+
+        check_loss("mine", ["hydra.searchpath=[pkg://my_lab.conf]", "losses=[ppo,mine]"])
 
     Checked: it subclasses ``Loss``; it consumes only what the policy writes and declares ``experience_spec`` as
     ``{key: (shape, dtype)}``; a rollout runs its hooks; on the first minibatch of that rollout ``forward`` reads only

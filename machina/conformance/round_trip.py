@@ -48,7 +48,9 @@ def check_round_trip(overrides: Sequence[str], folder: str | Path, epochs: int =
     clock's (``timing/*``, ``overview/sps*``) must be bit-identical to ``whole/``'s. An env that cannot restore its
     live episodes (``continues_episodes`` false: a resume starts new ones) is held to that for the epoch before the
     stop only; after it, the resumed run must log every epoch. Then ``eval.py`` evaluates ``resumed/`` (two episodes,
-    no replay) and must write ``eval.json``. ``train`` runs in this process; ``eval.py`` in a child process.
+    no replay) and must write ``eval.json``. ``train`` runs in this process; ``eval.py`` in a child process::
+
+        check_round_trip(["hydra.searchpath=[pkg://my_lab.conf]", "env=my_env", "policy=my_policy"], tmp_path)
     """
     folder = Path(folder)
     cfg = compose(overrides)
