@@ -2,6 +2,7 @@
 YAML is checked with no edit here), and over broken parts defined here, which fail with the sentence that says what
 to implement."""
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 
 from machina import keys
 from machina.conformance import ConformanceError, check_component, check_loss, check_round_trip, check_sink
+from machina.conformance.component import EXAMPLES
 from machina.conformance.config import compose
 from machina.logging.sink import Sink
 from machina.losses.ppo import PPOLoss
@@ -108,6 +110,29 @@ def test_a_round_trip_finds_state_that_a_resume_loses(tmp_path):
         "after a resume, losses/mine/rollouts of epoch 2 is 1.0 where the uninterrupted run has 2.0: every part must "
         "save in its state_dict all it carries between epochs"
     )
+
+
+class GatedCore(Component):
+    """A component of a user's own, built right: ``ENCODED`` [N, D] -> ``CORE`` [N, width], a gated linear layer."""
+
+    in_keys = (keys.ENCODED,)
+    out_keys = (keys.CORE,)
+
+    def __init__(self, dims, width: int = 8):
+        super().__init__()
+        self.linear = torch.nn.Linear(dims.widths[keys.ENCODED], 2 * width)
+        self.out_widths = {keys.CORE: width}
+
+    def forward(self, step, seq):
+        value, gate = self.linear(step[keys.ENCODED]).chunk(2, -1)
+        step[keys.CORE] = value * torch.sigmoid(gate)
+
+
+@pytest.mark.parametrize("obs", ["tokens", "vector"])
+def test_a_component_of_a_users_own_conforms_in_every_policy_it_fits(obs):
+    """Defined here (not in conf/), given as a partial: checked in machina's smallest policy of each observation
+    kind, its policy file (which names this test's class) included."""
+    check_component(partial(GatedCore, width=6), obs=next(spec for spec in EXAMPLES if spec.kind == obs))
 
 
 # Broken components: each fails with the sentence that says what to implement.

@@ -31,6 +31,7 @@ from machina.conformance.component_calls import (
 from machina.conformance.failure import ConformanceError
 from machina.env.spec import ObsSpec, VectorObsSpec
 from machina.errors import ConfigError, one_line
+from machina.files.trusted import in_force
 from machina.policy.component import Component, ComponentPolicy
 from machina.policy.io import load_policy, policy_payload
 
@@ -223,7 +224,7 @@ def check_policy_file(
         path = Path(folder) / "policy.pt"
         torch.save(policy_payload(policy, config, spec), path)
         try:
-            loaded, _ = load_policy(path, emit_full_log_probs=True)
+            loaded, _ = load_policy(path, emit_full_log_probs=True, trusted=in_force(config))
         except ConfigError as err:
             raise ConformanceError(
                 f"a policy file holding {name} cannot be loaded ({one_line(err)}): its settings must be plain values "

@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from machina.conformance.config import compose
 from machina.conformance.failure import ConformanceError
 from machina.errors import ConfigError, one_line
+from machina.files.trusted import in_force
 from machina.logging.sink import Sinks
 from machina.losses.base import Loss
 from machina.policy.inputs import training_input
@@ -96,7 +97,7 @@ def failing(loss: Loss, what: str) -> Iterator[None]:
 def checkpointer_of(cfg: DictConfig, parts: Parts, folder: Path) -> Checkpointer:
     """The run's checkpointer in ``folder``, as ``machina.run`` makes it."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return Checkpointer(folder / "checkpoints", resolved["policy"], parts.env.spec.obs, resolved, RUN_ID)
+    return Checkpointer(folder / "checkpoints", resolved["policy"], parts.env.spec, resolved, RUN_ID)
 
 
 def restored(cfg: DictConfig, folder: Path, path: Path) -> Parts:
@@ -105,7 +106,7 @@ def restored(cfg: DictConfig, folder: Path, path: Path) -> Parts:
     checkpointer = checkpointer_of(cfg, parts, folder)
     trainer = build_trainer(cfg, parts, sinks=Sinks(), checkpointer=checkpointer)
     try:
-        checkpointer.restore(trainer, load_checkpoint(path), path)
+        checkpointer.restore(trainer, load_checkpoint(path, in_force(cfg)), path)
     except ConfigError as err:
         parts.env.close()
         raise ConformanceError(
