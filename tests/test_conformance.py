@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from machina import keys
@@ -71,7 +72,7 @@ def test_every_loss_in_conf_conforms(name, request):
 @pytest.mark.parametrize("name", SINKS)
 def test_every_sink_in_conf_conforms(name, wandb_dirs):
     settings = OmegaConf.to_container(compose([f"logger=[{name}]", "wandb=offline"]).logger[name], resolve=True)
-    check_sink(settings.pop("_target_"), wandb_dirs / "run", settings)
+    check_sink(get_class(settings.pop("_target_")), wandb_dirs / "run", settings)
 
 
 def test_the_default_recipe_resumes_bit_exactly_and_evaluates(tmp_path):
@@ -188,7 +189,11 @@ class SilentEncoder(Component):
             "device",
         ),
         (SilentEncoder, "SilentEncoder lists encoded in out_keys but never writes it: write it or drop it"),
-        (PPOLoss, "PPOLoss is not a policy component: subclass machina.policy.component.Component"),
+        (
+            PPOLoss,
+            "the component's _target_ is 'machina.losses.ppo.PPOLoss', which is not a "
+            "machina.policy.component.Component: name a subclass",
+        ),
     ],
 )
 def test_a_broken_component_fails_with_what_to_implement(component, message):
@@ -337,5 +342,5 @@ def test_a_loss_the_builder_refuses_is_named_with_the_refusal():
 
 
 def test_a_component_whose_class_cannot_be_imported_is_named():
-    with pytest.raises(ConformanceError, match=r"^_target_ 'my_lab.nowhere.Encoder' names no class that can be"):
+    with pytest.raises(ConformanceError, match=r"^the component's _target_ is 'my_lab.nowhere.Encoder', which cannot"):
         check_component({"_target_": "my_lab.nowhere.Encoder", "_partial_": True})

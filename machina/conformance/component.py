@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
 from tensordict import TensorDict
 
 from machina import keys
@@ -32,6 +31,7 @@ from machina.conformance.failure import ConformanceError
 from machina.env.spec import ObsSpec, VectorObsSpec
 from machina.errors import ConfigError, one_line
 from machina.files.trusted import in_force
+from machina.policy.allowlist import build_policy
 from machina.policy.component import Component, ComponentPolicy
 from machina.policy.io import load_policy, policy_payload
 
@@ -81,15 +81,12 @@ def check_component(
     """
     node = component_config(component)
     try:
-        cls = get_class(node["_target_"])
-    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
+        cls = in_force(node).resolve(node["_target_"], Component, "the component's _target_")
+    except ConfigError as err:
         raise ConformanceError(
-            f"_target_ {node['_target_']!r} names no class that can be imported ({one_line(err)}): name the "
-            "component's class by its module path"
+            f"{one_line(err)}: name a subclass of machina.policy.component.Component by its module path"
         ) from None
     name = cls.__name__
-    if not (isinstance(cls, type) and issubclass(cls, Component)):
-        raise ConformanceError(f"{name} is not a policy component: subclass machina.policy.component.Component")
     slot = slot_of(cls)
     if slot == "action_probs":  # the component itself, not a factory
         node.pop("_partial_", None)
@@ -159,13 +156,14 @@ def policy_config(
         }
     config = {key: dict(value) if isinstance(value, Mapping) else value for key, value in policy.items()}
     config[slot] = dict(node)
-    config["action_probs"] = {**config["action_probs"], "emit_full_log_probs": True}
     return config
 
 
 def build(config: dict[str, Any], spec: ObsSpec | VectorObsSpec) -> ComponentPolicy:
+    """The policy ``config`` describes, emitting ``FULL_LOG_PROBS``: built as a policy file is, from the classes
+    the config names (which the caller chose to run)."""
     torch.manual_seed(0)
-    return instantiate(config, obs_spec=spec, num_actions=NUM_ACTIONS)
+    return build_policy(config, spec, NUM_ACTIONS, emit_full_log_probs=True, trusted=in_force(config))
 
 
 def check_built(policy: ComponentPolicy, slot: str, name: str, spec: ObsSpec | VectorObsSpec, config: dict) -> None:

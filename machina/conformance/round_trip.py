@@ -10,16 +10,20 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
-from hydra.utils import get_class
+import torch
+from omegaconf import DictConfig
 
 from machina.conformance.config import CONF, compose
 from machina.conformance.failure import ConformanceError
+from machina.env.base import Resumable
 from machina.errors import ConfigError, Interrupted, one_line
 from machina.files import metrics_file
 from machina.logging.sink import Sink
 from machina.run import train
+from machina.startup.build import build_env_factory
 from machina.training.checkpoint import checkpoints
 
 EVAL = CONF.parent / "eval.py"
@@ -55,7 +59,7 @@ def check_round_trip(overrides: Sequence[str], folder: str | Path, epochs: int =
     folder = Path(folder)
     cfg = compose(overrides)
     size = cfg.experience.batch_size
-    exact = getattr(get_class(cfg.env._target_), "continues_episodes", False)
+    exact = restores_episodes(cfg)
     run = [*overrides, *SETTINGS, f"trainer.total_timesteps={epochs * size}"]
     whole, resumed = folder / "whole", folder / "resumed"
     trained("an uninterrupted run", run, whole)
@@ -70,6 +74,14 @@ def check_round_trip(overrides: Sequence[str], folder: str | Path, epochs: int =
     trained("the resumed run", run, resumed)
     compare(rows(whole), rows(resumed), epochs if exact else 1)
     evaluate(overrides, resumed, folder / "eval")
+
+
+def restores_episodes(cfg: DictConfig) -> bool:
+    """Whether the run's env restores its live episodes from a checkpoint (``Resumable`` with
+    ``continues_episodes``): only then does a resumed run continue bit-exactly. Asked of one env built as the run
+    builds it."""
+    with closing(build_env_factory(cfg.env, torch.device("cpu"))(seed=0, num_envs=1, stagger=False)) as env:
+        return isinstance(env, Resumable) and env.continues_episodes
 
 
 def trained(what: str, overrides: list[str], run_dir: Path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hydra.utils import get_class
 
 from machina.conformance.failure import ConformanceError
 from machina.errors import one_line
@@ -34,30 +33,24 @@ SUMMARY = {"final_reward": 3.5625, "best_reward": 3.5625}
 
 
 def check_sink(
-    sink: type | str,
+    sink: type,
     folder: str | Path | None = None,
     settings: Mapping[str, Any] | None = None,
     grace_s: float = 10.0,
 ) -> None:
-    """Raise ``ConformanceError`` (one sentence: what to implement) unless ``sink`` (a ``Sink`` subclass or its
-    ``_target_``), built with ``settings`` (its ``logger.<name>`` node) for a run in ``folder`` (a temporary folder
-    by default), takes a run's calls: ``for_run(RunInfo, **settings)``, ``log`` of three flat rows (a NaN, a name
-    new in the last row), ``log_media`` of a file, ``summarize``, ``close(None)``; and, once closed, every file it
-    wrote in the run folder holds every row (each row's ``overview/reward`` is found in it, written in full) within
-    ``grace_s`` seconds: W&B's files are written by its own service process, which may finish after ``close``::
+    """Raise ``ConformanceError`` (one sentence: what to implement) unless ``sink`` (a ``Sink`` subclass), built with
+    ``settings`` (its ``logger.<name>`` node) for a run in ``folder`` (a temporary folder by default), takes a run's
+    calls: ``for_run(RunInfo, **settings)``, ``log`` of three flat rows (a NaN, a name new in the last row),
+    ``log_media`` of a file, ``summarize``, ``close(None)``; and, once closed, every file it wrote in the run folder
+    holds every row (each row's ``overview/reward`` is found in it, written in full) within ``grace_s`` seconds:
+    W&B's files are written by its own service process, which may finish after ``close``::
 
         check_sink(MySink, tmp_path, {"every": 2})
     """
     if folder is None:
         with tempfile.TemporaryDirectory() as temporary:
             return check_sink(sink, temporary, settings, grace_s)
-    try:
-        cls = get_class(sink) if isinstance(sink, str) else sink
-    except Exception as err:  # noqa: BLE001 - Hydra wraps the import's error in several types
-        raise ConformanceError(
-            f"_target_ {sink!r} names no class that can be imported ({one_line(err)}): name the sink's class by its "
-            "module path"
-        ) from None
+    cls = sink
     name = getattr(cls, "__name__", repr(cls))
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
         raise ConformanceError(f"{name} is not a sink: subclass machina.logging.sink.Sink")
