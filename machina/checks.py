@@ -1,10 +1,11 @@
 """Checks of one setting's value, shared by every constructor and start-up check that takes settings.
 
-Each check takes the setting's name as the user writes it (``learner.gamma``, ``losses.ppo.ent_coef``, eval.py's
-``episodes``): the caller, which knows where its settings live, passes it, and the check refuses a bad value with a
-ConfigError (a ValueError, so Hydra's instantiation errors unwrap to it) that names the setting and its value:
-``learner.gamma=1.5 must be a number in [0, 1]``. Here ``true``/``false`` is never a number (YAML's ``true`` is not
-1) and NaN is in no range. A value that passes is returned unchanged.
+Each check takes the name, then the value: the setting's name as the caller knows it (a constructor names its own
+settings relative to its config node, ``gamma``, and ``machina.startup.build`` puts the node's path in front:
+``learner.advantage.gamma``; eval.py's ``episodes``; an entry of a file, ``trainer.epoch``), and the check refuses a
+bad value with a ConfigError (a ValueError, so Hydra's instantiation errors unwrap to it) that names it and its value
+(at most 80 characters of it): ``gamma=1.5 must be a number in [0, 1]``. Here ``true``/``false`` is never a number
+(YAML's ``true`` is not 1) and NaN is in no range. A value that passes is returned unchanged.
 """
 
 import math
@@ -21,28 +22,28 @@ def integer(name: str, value: Any, low: int | None = None, high: int | None = No
     if not fits:
         bounds = f" in {low}..{high}" if low is not None and high is not None else ""
         bounds = bounds or (f" >= {low}" if low is not None else f" <= {high}" if high is not None else "")
-        raise ConfigError(f"{name}={value!r} must be an integer{bounds}{why}")
+        raise ConfigError(f"{name}={value!r:.80} must be an integer{bounds}{why}")
     return value
 
 
 def number(name: str, value: Any, low: float, high: float, why: str = "") -> float:
     """``value``, a number in the closed range [low, high]; an infinite one only where a bound is infinite."""
     if not (is_number(value) and low <= value <= high):
-        raise ConfigError(f"{name}={value!r} must be a number in [{low}, {high}]{why}")
+        raise ConfigError(f"{name}={value!r:.80} must be a number in [{low}, {high}]{why}")
     return value
 
 
 def finite(name: str, value: Any, low: float | None = None, why: str = "") -> float:
     """``value``, a finite number (>= ``low`` when given)."""
     if not (is_number(value) and math.isfinite(value) and (low is None or value >= low)):
-        raise ConfigError(f"{name}={value!r} must be a finite number{f' >= {low}' if low is not None else ''}{why}")
+        raise ConfigError(f"{name}={value!r:.80} must be a finite number{f' >= {low}' if low is not None else ''}{why}")
     return value
 
 
 def flag(name: str, value: Any) -> bool:
     """``value``, true or false (not 0/1, not a string)."""
     if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be true or false")
+        raise ConfigError(f"{name}={value!r:.80} must be true or false")
     return value
 
 
@@ -57,7 +58,7 @@ def device(name: str, value: str) -> torch.device:
         raise ConfigError(f"{name}={value!r} is not a device; use auto, cpu, cuda or cuda:N") from err
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"{name}={value!r} but CUDA is not available here; use {name}=cpu")
+            raise ConfigError(f"{name}={value!r} but CUDA is not available here; set it to cpu or auto")
         if chosen.index is not None and chosen.index >= torch.cuda.device_count():
             raise ConfigError(f"{name}={value!r} but only {torch.cuda.device_count()} CUDA devices exist")
     elif chosen.type != "cpu":
@@ -66,8 +67,10 @@ def device(name: str, value: str) -> torch.device:
 
 
 def is_integer(value: Any) -> bool:
+    """An int and not a bool (YAML's ``true`` is not 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
+    """An int or a float and not a bool; NaN and the infinities are numbers here (``finite`` refuses them)."""
     return isinstance(value, int | float) and not isinstance(value, bool)

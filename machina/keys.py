@@ -10,7 +10,10 @@ import torch
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 # Written by the env on reset / step (batch [N]).
-OBS = "env_obs"  # uint8 [N, M, 3]: (packed location dy<<4|dx, feature id, value); padding tokens 0xFF
+# The observation, of the kind the env's ``EnvSpec.obs`` declares (``machina.env.spec``): tokens (``ObsSpec``: the
+# built-in env, MettaGrid) are uint8 [N, M, 3], (packed location dy<<4|dx, feature id, value), padding tokens 0xFF;
+# vectors (``VectorObsSpec``: Gymnasium) are float32 [N, size].
+OBS = "env_obs"
 REWARDS = "rewards"  # float32 [N]: reward of the action just taken (stored with the step that took it)
 TERMINATED = "terminated"  # bool [N]: the episode ended after the action (a terminal state)
 TRUNCATED = "truncated"  # bool [N]: the episode was cut after the action (time limit)

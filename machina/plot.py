@@ -75,14 +75,14 @@ def save_figure(fig, out: Path) -> Path:
     return out
 
 
-def read_metrics(run_dir: Path) -> tuple[list[dict[str, float]], list[str]]:
-    """The rows of ``run_dir``'s metrics.jsonl (``metrics_file.read_folder``) with every value a float: NaN (a gap in
+def float_rows(run_dir: Path) -> tuple[list[dict[str, float]], list[str]]:
+    """The rows of ``run_dir``'s metrics.jsonl (``metrics_file.read_metrics``) with every value a float: NaN (a gap in
     the plot) for null or anything that is not a number; and the warnings about skipped lines, each naming the run
     folder. ConfigError when the file is missing or cannot be read."""
     run_dir = Path(run_dir)
     if not (run_dir / metrics_file.NAME).exists():
         raise ConfigError(f"no {metrics_file.NAME} in {str(run_dir)!r}: pass a run folder written by train.py")
-    rows, warnings = metrics_file.read_folder(run_dir)
+    rows, warnings = metrics_file.read_metrics(run_dir)
     rows = [{k: math.nan if (v := metrics_file.number(row, k)) is None else v for k in row} for row in rows]
     return rows, [f"{run_dir}: {warning}" for warning in warnings]
 
@@ -96,7 +96,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, 
     """Draw ``run_dir``'s metrics.jsonl to a PNG; return its path and the warnings about what was skipped. A row
     without an agent step is a gap."""
     run_dir = Path(run_dir)
-    rows, warnings = read_metrics(run_dir)
+    rows, warnings = float_rows(run_dir)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6), constrained_layout=True)
     for ax, (label, names) in zip(axes, PANELS, strict=True):
         for key in names or loss_keys(rows):
@@ -150,7 +150,7 @@ def plot_returns(
     warnings, left_out = [], []
     for run_dir in map(Path, run_dirs):
         try:
-            rows, skipped = read_metrics(run_dir)
+            rows, skipped = float_rows(run_dir)
         except ConfigError as err:
             left_out.append(f"left out {run_dir}: {err}")
             continue

@@ -32,10 +32,10 @@ class Linear:
     begin_step: int = 0
 
     def __post_init__(self):
+        for name in ("start", "end", "begin_step", "end_step"):
+            checks.finite(name, getattr(self, name))
         if self.end_step <= self.begin_step:
-            raise ValueError(f"Linear schedule needs end_step > begin_step, got {self.begin_step}..{self.end_step}")
-        if not (math.isfinite(self.start) and math.isfinite(self.end)):
-            raise ValueError(f"Linear schedule needs finite start and end, got {self.start}, {self.end}")
+            raise ConfigError(f"end_step={self.end_step!r} must be above begin_step={self.begin_step!r}")
 
     def __call__(self, agent_step: int) -> float:
         span = (agent_step - self.begin_step) / (self.end_step - self.begin_step)
@@ -60,8 +60,9 @@ class Constant:
 
 
 def as_schedule(value: "float | Linear", name: str) -> "Linear | Constant":
-    """A coefficient schedule from a config value; a number becomes ``Constant``. ``name`` (``losses.<loss>.<key>``)
-    is what a refusal names: a value that is neither a finite number nor a schedule is refused at start-up."""
+    """A coefficient schedule from a config value; a number becomes ``Constant``. ``name`` (the loss's setting,
+    ``action_loss_coef``: machina.startup.build puts the loss's path in front) is what a refusal names: a value that is
+    neither a finite number nor a schedule is refused at start-up."""
     if isinstance(value, Linear | Constant):
         return value
     return Constant(float(checks.finite(name, value, why=" or a machina.schedules.Linear schedule")))
@@ -80,10 +81,10 @@ class AnnealedLr:
     all of training; 0.8: the last fifth, as in a warmup-stable-decay schedule, Hägele et al. 2024)."""
 
     def __init__(self, floor: float = 0.0, decay_from: float = 0.0):
-        self.floor = float(checks.number("learner.lr_schedule.floor", floor, 0, 1, FLOOR))
-        self.decay_from = float(checks.number("learner.lr_schedule.decay_from", decay_from, 0, 1, DECAY_FROM))
+        self.floor = float(checks.number("floor", floor, 0, 1, FLOOR))
+        self.decay_from = float(checks.number("decay_from", decay_from, 0, 1, DECAY_FROM))
         if self.decay_from == 1:
-            raise ConfigError(f"learner.lr_schedule.decay_from={decay_from!r} must be below 1{DECAY_FROM}")
+            raise ConfigError(f"decay_from={decay_from!r} must be below 1{DECAY_FROM}")
 
     def decayed(self, fraction: float) -> float:
         """How far the decay has gone at ``fraction`` of training: 0 up to ``decay_from``, 1 at the end."""

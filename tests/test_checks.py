@@ -78,7 +78,7 @@ def test_device_names_the_setting_it_refuses():
     if not torch.cuda.is_available():
         refused(
             lambda: checks.device("system.device", "cuda"),
-            "system.device='cuda' but CUDA is not available here; use system.device=cpu",
+            "system.device='cuda' but CUDA is not available here; set it to cpu or auto",
         )
     else:
         count = torch.cuda.device_count()

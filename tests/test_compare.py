@@ -230,7 +230,7 @@ def test_damaged_folders_are_rows_of_their_own_and_hide_none_of_the_others(tmp_p
     for good in ("0_a", "10_h"):
         assert (rows[good]["epochs"], rows[good]["agent_steps"], rows[good]["sps_max"]) == (2, 2048, 2048.0)
         assert rows[good]["warnings"] == [] and rows[good]["error"] is None
-    assert rows["1_b"]["error"].startswith(".hydra/config.yaml: not YAML")
+    assert rows["1_b"]["error"].startswith(".hydra/config.yaml: not valid YAML")
     assert rows["2_c"]["error"] == ".hydra/overrides.yaml: holds a mapping, not a list"
     assert rows["2_c"]["overrides"] is None and rows["2_c"]["epochs"] == 2  # the metrics are still read
     assert rows["3_d"]["error"] == f"cannot read {sweep / '3_d' / 'metrics.jsonl'}: it is a directory"
@@ -242,7 +242,7 @@ def test_damaged_folders_are_rows_of_their_own_and_hide_none_of_the_others(tmp_p
         "metrics.jsonl: 1 of 2 rows without overview/sps",
         "metrics.jsonl: 1 of 2 rows without timing/epoch",
     ]
-    assert rows["6_g"]["error"].startswith(".hydra/hydra.yaml: not YAML")  # the first damage; the others follow
+    assert rows["6_g"]["error"].startswith(".hydra/hydra.yaml: not valid YAML")  # the first damage; the others follow
     assert rows["6_g"]["warnings"][0] == "resolved_config.yaml: holds a list, not a mapping"
     assert rows["6_g"]["job"] == "-"  # which job it was is in the damaged hydra.yaml
     assert hashes(tmp_path) == {**before, "cmp.png": hashes(tmp_path)["cmp.png"]}

@@ -69,7 +69,7 @@ def test_every_policy_builds_for_its_env(policy):
 def test_every_loss_builds(loss):
     cfg = compose_config([f"losses={loss}"])
     if loss == "eer_kickstarter":
-        with pytest.raises(Exception, match="teacher.path=PATH"):
+        with pytest.raises(ConfigError, match="losses.eer_kickstarter.teacher.path=None names no teacher"):
             build_losses(cfg.losses)
     else:
         (built,) = build_losses(cfg.losses).values()

@@ -216,6 +216,7 @@ DAMAGED = {
     "no env": (b"seed: 1\n", "has no env settings"),
     "env not a mapping": (b"env: 5\n", "env is 5, not a mapping"),
     "not utf-8": (b"env: \xff\xfe\n", "cannot be read"),
+    "an impossible date": (b"env:\n  height: 2024-13-45\n", "not valid YAML (month must be in 1..12)"),
     "a date": (b"env:\n  _target_: machina.env.machina_1.Machina1Env\n  height: 2024-01-01\n", "env.height is a date"),
     "a billion laughs": (
         b"a: &a [x, x, x, x, x, x, x, x, x]\n"

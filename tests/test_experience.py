@@ -35,11 +35,11 @@ def test_geometry():
     ("kwargs", "message"),
     [
         ({"batch_size": 36}, r"batch_size=36 must be a multiple of agents x bptt_horizon = 4 x 4 = 16.*try"),
-        ({"minibatch": 6}, r"minibatch_size=6 must be a multiple of experience.bptt_horizon=4"),
-        ({"minibatch": 12}, r"minibatch_size=12 must divide experience.batch_size=32"),
+        ({"minibatch": 6}, r"minibatch_size=6 must be a multiple of bptt_horizon=4"),
+        ({"minibatch": 12}, r"minibatch_size=12 must divide batch_size=32"),
         ({"minibatch": 64}, r"minibatch_size=64 must divide"),
-        ({"batch_size": 0}, r"experience.batch_size=0 must be an integer >= 1"),
-        ({"num_agents": -4}, r"env.num_envs \* env.agents_per_env=-4 must be an integer >= 1"),
+        ({"batch_size": 0}, r"^batch_size=0 must be an integer >= 1"),
+        ({"num_agents": -4}, r"^num_agents=-4 must be an integer >= 1"),
     ],
 )
 def test_size_errors_explain_the_arithmetic(kwargs, message):

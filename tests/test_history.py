@@ -5,6 +5,7 @@ bad value leaves no folder behind. Command-line behaviour is checked with real `
 
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -249,3 +250,61 @@ def test_a_folder_part_of_the_wrong_kind_is_refused_before_anything_is_written(t
     code, message = run_reporting(tmp_path, epochs=1)
     assert code == 2 and str(path) in message and "is not a" in message, message
     assert snapshot(tmp_path) == before
+
+
+def test_two_rewinds_to_the_same_epoch_in_the_same_second_keep_both_archives(tmp_path, monkeypatch):
+    """A real folder rewound to epoch 2 twice within one printed second (the clock's text is held still): each
+    rewind gets its own archive, and the second replaces nothing of the first's."""
+    import time
+
+    from machina.run_folder.history import rewind
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *when: "20261206-000000")
+    (tmp_path / "checkpoints").mkdir()
+
+    def train_epochs_3_and_4(timeline: str) -> None:
+        rows = [json.dumps({"metric/epoch": e, "timeline": timeline}) for e in (1, 2, 3, 4)]
+        (tmp_path / "metrics.jsonl").write_text("".join(f"{row}\n" for row in rows))
+        for e in (3, 4):
+            (tmp_path / "checkpoints" / f"checkpoint_{e:06d}.pt").write_text(f"{timeline} {e}")
+
+    train_epochs_3_and_4("first")
+    first = rewind(tmp_path, 2)
+    train_epochs_3_and_4("second")
+    second = rewind(tmp_path, 2)
+    assert first != second and sorted((tmp_path / "rewound").iterdir()) == sorted([first, second])
+    for archive, timeline in ((first, "first"), (second, "second")):
+        assert (archive / "checkpoints" / "checkpoint_000003.pt").read_text() == f"{timeline} 3"
+        assert [json.loads(line)["timeline"] for line in (archive / "metrics.jsonl").read_text().splitlines()] == [
+            timeline,
+            timeline,
+        ]
+    assert epochs(tmp_path) == [1, 2]
+
+
+def test_a_start_that_locks_a_lock_file_a_refused_start_removed_holds_the_folders_lock(tmp_path, monkeypatch):
+    """Start A makes the lock file and is refused; start B opened that file just before A removed it and locks it
+    just after. B must then hold the lock of the file the folder names: a third start C is refused, not given a new
+    lock file of its own (two runs writing one folder)."""
+    import fcntl
+
+    from machina.errors import ConfigError
+    from machina.run_folder import run_lock
+
+    a = RunLock(tmp_path)
+    a.__enter__()
+    real_flock, interleaved = fcntl.flock, []
+
+    def flock_after_a_is_refused(fd, operation):
+        if not interleaved:  # B has opened the file; A is refused (not kept) and leaves before B's lock
+            interleaved.append(fd)
+            a.__exit__(None, None, None)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", flock_after_a_is_refused)
+    with RunLock(tmp_path) as b:
+        assert interleaved  # the interleaving happened
+        assert f"PID {os.getpid()}" in (tmp_path / ".machina.lock").read_text()
+        with pytest.raises(ConfigError, match="is in use by PID"):
+            RunLock(tmp_path).__enter__()
+        b.keep()

@@ -222,8 +222,14 @@ INCONSISTENT = {
         setter("trainer", "history", 0, value={"metric/agent_step": EPOCH}),
         "trainer.history[0] lacks overview/reward, overview/sps",
     ),
-    "negative epoch": (setter("trainer", "epoch", value=-1), "trainer.epoch is -1, outside [0, "),
-    "agent_step as a string": (setter("trainer", "agent_step", value="1024"), "trainer.agent_step is a str"),
+    "negative epoch": (
+        setter("trainer", "epoch", value=-1),
+        "trainer.epoch=-1 must be an integer in 0..9223372036854775807",
+    ),
+    "agent_step as a string": (
+        setter("trainer", "agent_step", value="1024"),
+        "trainer.agent_step='1024' must be an integer",
+    ),
     "ranks as a mapping": (setter("ranks", value={"0": {}}), "ranks is a dict, not a non-empty list"),
     "a rank without RNG states": (setter(*RANK, value=lambda r: {**r, "rng": None}), "ranks[0].rng is a NoneType"),
     "torch RNG state cut short": (
@@ -232,9 +238,12 @@ INCONSISTENT = {
     ),
     "python RNG position past its state": (
         setter(*RANK, "rng", "python", "state", 624, value=700),
-        "ranks[0].rng.python.state[624] is 700, outside [0, 624]",
+        "ranks[0].rng.python.state[624]=700 must be an integer in 0..624",
     ),
-    "numpy RNG position as a float": (setter(*RANK, "rng", "numpy", "pos", value=3.5), "ranks[0].rng.numpy.pos is"),
+    "numpy RNG position as a float": (
+        setter(*RANK, "rng", "numpy", "pos", value=3.5),
+        "ranks[0].rng.numpy.pos=3.5 must be an integer",
+    ),
     "an agent outside the grid": (
         setter(*ENV, "pos", value=filled((0, 0), 10**6)),
         "ranks[0].env.pos[0, 0] is 1000000, expected an empty interior cell",
@@ -496,4 +505,4 @@ def test_a_teacher_that_cannot_be_loaded_is_reported_under_its_setting(trained, 
     damaged.write_bytes((trained / "checkpoints" / "policy_000002.pt").read_bytes()[:-100])
     for path in (tmp_path / "missing.pt", damaged):
         message = refused(load_teacher, str(path))
-        assert message.startswith(f"losses.eer_kickstarter.teacher.path={str(path)!r}: "), message
+        assert message.startswith(f"path={str(path)!r}: "), message  # build puts the teacher's node in front

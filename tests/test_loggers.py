@@ -202,3 +202,51 @@ def test_a_sink_that_fails_to_open_closes_those_already_open(recorder):
     with pytest.raises(OSError, match="disk gone"):
         sinks.open()
     assert recorder[-1][0] == "close" and isinstance(recorder[-1][1], OSError) and list(sinks) == []
+
+
+def test_wandb_shows_the_runs_own_identity_with_the_wandb_group_and_tags_added(tmp_path, monkeypatch):
+    """W&B reads the run's identity (``RunInfo``); ``wandb.group`` replaces only W&B's group, ``wandb.tags`` add to
+    W&B's tags. The fake ``wandb.init`` records its arguments and fails, which the sink survives."""
+    import wandb
+
+    from machina.logging.sink import RunInfo
+    from machina.logging.wandb_sink import WandbSink
+
+    seen = []
+
+    def init(**kwargs):
+        seen.append(kwargs)
+        raise RuntimeError("no W&B in this test")
+
+    monkeypatch.setattr(wandb, "init", init)
+    run = RunInfo(tmp_path, "abc", {}, name="3:x=1", group="sweep", tags=["loss:ppo"], job_type="ppo")
+    assert WandbSink.for_run(run, mode="offline", project="p").run is None
+    WandbSink.for_run(run, mode="offline", project="p", group="ablation", tags=["mine"])
+    own, chosen = ({k: call[k] for k in ("id", "name", "group", "tags", "job_type")} for call in seen)
+    assert own == {"id": "abc", "name": "3:x=1", "group": "sweep", "tags": ["loss:ppo"], "job_type": "ppo"}
+    assert chosen == own | {"group": "ablation", "tags": ["loss:ppo", "mine"]}
+
+
+def test_every_sink_gets_the_runs_identity_whatever_the_wandb_settings(tmp_path):
+    cfg = compose_config([*ONE_EPOCH, "wandb.group=ablation", "wandb.tags=[mine]", f"+logger.mine._target_={HERE}"])
+    sinks = build_sinks(cfg, tmp_path, "abc", {})
+    run = sinks.openers[-1].args[0]  # the RunInfo the recorder's for_run is given
+    assert run.id == "abc" and run.group is None and "mine" not in run.tags and "loss:ppo" in run.tags
+
+
+def test_metrics_csv_never_holds_a_cell_a_spreadsheet_would_run_as_a_formula(tmp_path, caplog):
+    """A run folder whose metrics.jsonl has metric names (and a damaged row's text) that start like a formula: the
+    rebuilt metrics.csv shows them as text (a ' in front) and keeps negative numbers as numbers; the log says the
+    file is a view of metrics.jsonl, rebuilt at each start."""
+    from machina.logging.sink import RunInfo
+
+    names = ['=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "plain"]
+    rows = [{"metric/epoch": 1, **{name: -0.5 for name in names}}, {"metric/epoch": 2, "plain": "=1+1"}]
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(encode_row(row) for row in rows))
+    with caplog.at_level("INFO", logger="machina.logging.csv_sink"):
+        CsvSink.for_run(RunInfo(tmp_path, "abc", {}))
+    assert "metrics.csv: rebuilt from metrics.jsonl (2 rows)" in caplog.text
+    with (tmp_path / "metrics.csv").open(newline="") as f:
+        header, *table = list(csv.reader(f))
+    assert header == ["metric/epoch", *(f"'{name}" if name != "plain" else name for name in names)]
+    assert table == [["1", *["-0.5"] * len(names)], ["2", "", "", "", "", "", "'=1+1"]]

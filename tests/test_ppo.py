@@ -140,7 +140,8 @@ def test_non_finite_or_negative_coefficients_are_refused():
     import pytest
 
     for bad in ({"ent_coef": float("nan")}, {"vf_coef": -1.0}, {"clip_coef": float("inf")}):
-        with pytest.raises(ValueError, match="losses.ppo"):
+        ((name, value),) = bad.items()
+        with pytest.raises(ValueError, match=f"^{name}={value!r} must be a finite number >= 0"):
             PPOLoss(**bad)
 
 

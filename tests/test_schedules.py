@@ -26,14 +26,14 @@ def test_linear_holds_start_then_ramps_then_holds_end():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"start": 1.0, "end": 0.0, "end_step": 0}, "end_step > begin_step"),
-        ({"start": 1.0, "end": 0.0, "end_step": 10, "begin_step": 10}, "end_step > begin_step"),
-        ({"start": math.nan, "end": 0.0, "end_step": 10}, "finite start and end"),
-        ({"start": 1.0, "end": math.inf, "end_step": 10}, "finite start and end"),
+        ({"start": 1.0, "end": 0.0, "end_step": 0}, "^end_step=0 must be above begin_step=0$"),
+        ({"start": 1.0, "end": 0.0, "end_step": 10, "begin_step": 10}, "^end_step=10 must be above begin_step=10$"),
+        ({"start": math.nan, "end": 0.0, "end_step": 10}, "^start=nan must be a finite number$"),
+        ({"start": 1.0, "end": math.inf, "end_step": 10}, "^end=inf must be a finite number$"),
     ],
 )
 def test_linear_refuses_an_empty_ramp_or_infinite_ends(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         Linear(**kwargs)
 
 
@@ -77,7 +77,7 @@ def test_a_decay_from_holds_the_rate_then_decays_over_the_rest(fraction):
 @pytest.mark.parametrize("decay_from", [-0.1, 1, 1.0, math.nan, True, "0.5"])
 def test_lr_schedules_refuse_a_decay_start_outside_zero_to_below_one(schedule, decay_from):
     """At 1 the decay would span no training at all (and divide by zero)."""
-    with pytest.raises(ConfigError, match=re.escape(f"learner.lr_schedule.decay_from={decay_from!r} must be")):
+    with pytest.raises(ConfigError, match="^" + re.escape(f"decay_from={decay_from!r} must be")):
         schedule(0.0, decay_from)
 
 
@@ -98,7 +98,7 @@ def test_lr_schedules_hold_their_ends_outside_training_and_never_rise(schedule):
 @pytest.mark.parametrize("schedule", [LinearLr, CosineLr])
 @pytest.mark.parametrize("floor", [-0.1, 1.5, math.nan, math.inf, True, "0"])
 def test_lr_schedules_refuse_a_floor_outside_zero_to_one(schedule, floor):
-    with pytest.raises(ConfigError, match=re.escape(f"learner.lr_schedule.floor={floor!r} must be a number in [0, 1]")):
+    with pytest.raises(ConfigError, match="^" + re.escape(f"floor={floor!r} must be a number in [0, 1]")):
         schedule(floor)
 
 

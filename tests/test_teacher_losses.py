@@ -98,10 +98,10 @@ def test_schedule_anneals_the_coefficient():
     early = loss(mb, out, Progress(0, 100))["loss_supervised"]
     late = loss(mb, out, Progress(50, 100))["loss_supervised"]
     torch.testing.assert_close(late, early * 0.5)
-    with pytest.raises(ValueError, match="end_step > begin_step"):
+    with pytest.raises(ConfigError, match="^end_step=0 must be above begin_step=0"):
         Linear(start=1, end=0, end_step=0)
     for bad in (float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="losses.supervisor.action_loss_coef"):
+        with pytest.raises(ConfigError, match="^action_loss_coef="):
             SupervisorLoss(action_loss_coef=bad)
 
 
@@ -172,7 +172,7 @@ def test_eer_cloner_shapes_the_reward_of_each_action_by_its_agreement():
 
 
 def test_eer_cloner_rejects_a_bad_floor():
-    with pytest.raises(ValueError, match="teacher_prob_floor"):
+    with pytest.raises(ConfigError, match=r"^teacher_prob_floor=0.0 must be a number in \(0, 1\]"):
         EERClonerLoss(teacher_prob_floor=0.0)
 
 
@@ -242,11 +242,13 @@ def test_eer_kickstarter_drops_value_distillation_while_shaping_rewards():
     torch.testing.assert_close(step[keys.REWARDS], torch.tensor([1.0 + 0.01 * math.log(0.2)]))
 
 
-def test_eer_kickstarter_without_a_teacher_file_is_refused():
-    from machina.policy.io import load_teacher
+def test_eer_kickstarter_without_a_teacher_file_is_refused_naming_its_setting():
+    from machina.startup.build import build_losses
+    from tests.conftest import compose_config
 
-    with pytest.raises(ConfigError, match="teacher.path=PATH"):
-        load_teacher(None)
+    cfg = compose_config(["losses=[eer_kickstarter]"])
+    with pytest.raises(ConfigError, match=r"^losses\.eer_kickstarter\.teacher\.path=None names no teacher: set it"):
+        build_losses(cfg.losses)
 
 
 def test_the_dagger_preset_anneals_the_teacher_led_share_to_zero():

@@ -20,7 +20,7 @@ from omegaconf import open_dict
 
 from machina.cli import report_errors, resume_command
 from machina.env.machina_1 import Machina1Env
-from machina.logging.identity import wandb_identity
+from machina.logging.identity import run_identity
 from machina.logging.sinks import ConsoleSink
 from machina.run import train
 from machina.speed.host_reads import count_host_reads
@@ -151,17 +151,25 @@ def test_the_resume_command_fixes_the_run_folder(hydra_run):
     )
 
 
-def test_wandb_names_tell_runs_apart(hydra_run):
+def test_run_names_tell_runs_apart(hydra_run):
     cfg = hydra_run([], "/runs/2026-11-30/12-00-00")
-    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-00"  # not "default"
+    assert run_identity(cfg)["name"] == "2026-11-30/12-00-00"  # not "default"
     cfg = hydra_run(["learner.advantage.gamma=0.9"], "/runs/2026-11-30/12-00-01")
-    assert wandb_identity(cfg)["name"] == "2026-11-30/12-00-01:learner.advantage.gamma=0.9"
+    assert run_identity(cfg)["name"] == "2026-11-30/12-00-01:learner.advantage.gamma=0.9"
+    assert run_identity(cfg)["group"] is None  # a single run is in no sweep
     cfg = hydra_run(["learner.advantage.gamma=0.9"], "/runs/sweep/3_learner.advantage.gamma=0.9", RunMode.MULTIRUN)
-    assert wandb_identity(cfg) | {"tags": None} == wandb_identity(cfg) | {
+    assert run_identity(cfg) == {
         "name": "3:learner.advantage.gamma=0.9",
         "group": "sweep",
-        "tags": None,
+        "tags": ["loss:ppo", "experiment:machina_1", "env:machina_1", "policy:fast", "deterministic:false"],
+        "job_type": "ppo",
     }
+
+
+def test_a_runs_identity_is_its_own_and_wandb_settings_change_only_the_wandb_run(hydra_run):
+    cfg = hydra_run(["wandb.group=ablation", "wandb.tags=[mine]"], "/runs/sweep/3_x", RunMode.MULTIRUN)
+    identity = run_identity(cfg)
+    assert identity["group"] == "sweep" and "mine" not in identity["tags"]
 
 
 def test_the_summary_sps_is_agent_steps_over_training_time():

@@ -60,7 +60,7 @@ def read_rows(path: Path) -> tuple[list[dict], list[str]]:
     return rows, warnings
 
 
-def read_folder(run_dir: Path, limit: int = 5) -> tuple[list[dict], list[str]]:
+def read_metrics(run_dir: Path, limit: int = 5) -> tuple[list[dict], list[str]]:
     """The rows of ``run_dir``'s metrics file and the warnings about its skipped lines: the first of them, and one
     line counting the rest when there are more than ``limit`` (a garbled file has a warning per line). Errors as
     ``read_lines``; a run folder without the file has no rows."""

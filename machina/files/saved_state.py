@@ -2,7 +2,8 @@
 
 A checkpoint can hold anything: its checksum proves no author (``machina.files.checksum``) and ``torch.load`` guarantees
 only plain data (``machina.files.torch_file``). So every entry is checked before it is used, and a bad one raises a
-ConfigError naming it. Names are relative to what the checking code was handed (``pos``, ``state.lstm_h``);
+ConfigError naming it (an integer entry through ``machina.checks.integer``, with ``INT64_MAX`` as its bound where it
+has no other). Names are relative to what the checking code was handed (``pos``, ``state.lstm_h``);
 ``within`` puts the name of the enclosing part in front (``ranks[0].env.pos``), and the loader the file's.
 """
 
@@ -41,15 +42,6 @@ def mapping(value: Any, name: str, keys: tuple[str, ...] | None = None, optional
     if keys is not None and not set(keys) <= set(value) <= set(keys) | set(optional):
         missing, extra = sorted(set(keys) - set(value)), sorted(set(value) - set(keys) - set(optional))
         raise ConfigError(f"{name} has the entries {sorted(value)}: missing {missing}, unexpected {extra}")
-    return value
-
-
-def integer(value: Any, name: str, low: int, high: int = INT64_MAX) -> int:
-    """``value``, which must be an int (not a bool) in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} is {describe(value)}, not an integer")
-    if not low <= value <= high:
-        raise ConfigError(f"{name} is {value}, outside [{low}, {high}]")
     return value
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from machina import checks
 from machina.errors import ConfigError
 from machina.files import saved_state
 from machina.files.saved_state import within
@@ -72,8 +73,8 @@ def check_rng(rng: Any) -> None:
 def _check_numpy(n: dict[str, Any]) -> None:
     with within("numpy."):
         key = saved_state.tensor(n, "key", (MT_WORDS,), torch.int64, 0, 2**32 - 1)
-        pos = saved_state.integer(n["pos"], "pos", 0, MT_WORDS)
-        has_gauss = saved_state.integer(n["has_gauss"], "has_gauss", 0, 1)
+        pos = checks.integer("pos", n["pos"], 0, MT_WORDS)
+        has_gauss = checks.integer("has_gauss", n["has_gauss"], 0, 1)
         if type(n["gauss"]) is not float:
             raise ConfigError(f"gauss is {saved_state.describe(n['gauss'])}, not a float")
         state = ("MT19937", key.numpy().astype(np.uint32), pos, has_gauss, n["gauss"])
@@ -82,12 +83,12 @@ def _check_numpy(n: dict[str, Any]) -> None:
 
 def _check_python(p: dict[str, Any]) -> None:
     with within("python."):
-        saved_state.integer(p["version"], "version", 3, 3)
+        checks.integer("version", p["version"], 3, 3)
         words = p["state"]
         if not isinstance(words, list) or len(words) != MT_WORDS + 1:
             raise ConfigError(f"state is {saved_state.describe(words)}, not a list of {MT_WORDS + 1} integers")
         for i, word in enumerate(words):
-            saved_state.integer(word, f"state[{i}]", 0, 2**32 - 1 if i < MT_WORDS else MT_WORDS)
+            checks.integer(f"state[{i}]", word, 0, 2**32 - 1 if i < MT_WORDS else MT_WORDS)
         if p["gauss_next"] is not None and type(p["gauss_next"]) is not float:
             raise ConfigError(f"gauss_next is {saved_state.describe(p['gauss_next'])}, not a float or None")
         _settable("state", random.Random().setstate, (3, tuple(words), p["gauss_next"]))

@@ -29,20 +29,29 @@ WHAT = "a stored config is data: plain values only, never resolved or instantiat
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping of plain values the YAML file ``path`` holds; ConfigError if it cannot be read, is not a mapping,
-    or holds anything but plain values (see the module docstring)."""
+    """The mapping of plain values the YAML file ``path`` holds; ConfigError if it cannot be read, is not YAML, is
+    not a mapping, or holds anything but plain values (see the module docstring)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
-    except yaml.YAMLError as err:
+    return plain_mapping(parse_yaml(text, str(path)), str(path))
+
+
+def parse_yaml(text: str | bytes, source: str) -> Any:
+    """The document YAML ``text`` (read from ``source``) holds, by ``yaml.safe_load``: no tag builds an object, and
+    an interpolation stays a string. ConfigError naming ``source`` when it is not YAML (an impossible date such as
+    2024-13-45 included), or nests too deeply to be read. The one YAML reader of machina's stored configs and of
+    the run folders that ``machina.run_folder.reading`` summarises."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: a timestamp or number YAML cannot build
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise ConfigError(f"{path}: not valid YAML{at} ({problem}); the run folder is damaged") from None
+        problem = getattr(err, "problem", None) or str(err).split("\n")[0] or type(err).__name__
+        raise ConfigError(f"{source}: not valid YAML{at} ({problem})") from None
     except RecursionError:  # PyYAML composes nested nodes recursively
-        raise ConfigError(f"{path}: nested too deeply to be a machina config") from None
-    return plain_mapping(data, str(path))
+        raise ConfigError(f"{source}: nested too deeply to be read") from None
 
 
 def plain_mapping(data: Any, source: str) -> dict[str, Any]:

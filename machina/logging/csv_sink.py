@@ -5,11 +5,18 @@ The header is every name seen so far, in order of first appearance; a cell is em
 that appeared later, an ``eval/*`` metric on an epoch without evaluation, NaN, which ``metrics.jsonl`` writes as
 null). A row with names the header lacks (the first evaluation's ``eval/*``) rewrites the file with the wider header;
 any other row is appended. The file is a view of ``metrics.jsonl``, not a second history: when the run starts it is
-rebuilt from ``metrics.jsonl`` (a resume's rows up to its checkpoint), so it never holds rows the run rewound.
+rebuilt from ``metrics.jsonl`` (a resume's rows up to its checkpoint), so it never holds rows the run rewound, and
+an edit of it is lost at the next start (the log says so).
+
+A spreadsheet reads a cell that starts with ``=``, ``+``, ``-`` or ``@`` (or a tab or carriage return) as a formula,
+and a metric name is anyone's text (a sink or loss of the user's, a damaged metrics.jsonl). So such a cell that is
+not a number is written with a ``'`` in front (OWASP's advice against CSV injection): ``'=1+1`` shows as the text
+``=1+1``. Numbers, negative ones included, are written as they are.
 """
 
 import csv
 import io
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +26,10 @@ from machina.files import metrics_file
 from machina.files.atomic import atomic_write
 from machina.logging.sink import RunInfo, Sink
 
+log = logging.getLogger(__name__)
+
 NAME = "metrics.csv"  # in the run folder
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula
 
 
 class CsvSink(Sink):
@@ -42,6 +52,12 @@ class CsvSink(Sink):
     @classmethod
     def for_run(cls, run: RunInfo) -> "CsvSink":
         rows, _ = metrics_file.read_rows(run.dir / metrics_file.NAME)  # JsonlSink warns about skipped lines
+        log.info(
+            "%s: rebuilt from %s (%d rows); it is a view of it, rewritten at each start",
+            NAME,
+            metrics_file.NAME,
+            len(rows),
+        )
         return cls(run.dir / NAME, rows)
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -73,14 +89,21 @@ class CsvSink(Sink):
         text = io.StringIO()
         writer = csv.DictWriter(text, self.header, restval="", lineterminator="\n")
         if header:
-            writer.writeheader()
+            writer.writerow({name: text_cell(name) for name in self.header})
         writer.writerows({name: cell(value) for name, value in row.items()} for row in rows)
         return text.getvalue().encode()
 
 
 def cell(value) -> str:
-    """A value as ``metrics.jsonl`` holds it: an empty cell for null or a non-finite float, else its shortest
-    round-trip text."""
+    """A value as ``metrics.jsonl`` holds it: an empty cell for null or a non-finite float, a number's shortest
+    round-trip text, anything else (a damaged row's text) as ``text_cell``."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
-    return repr(value) if isinstance(value, float) else str(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value) if isinstance(value, float) else str(value)
+    return text_cell(str(value))
+
+
+def text_cell(text: str) -> str:
+    """``text`` as a spreadsheet shows it and never evaluates it: ``'`` in front when it starts like a formula."""
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunInfo:
     """The run a sink logs: its folder, its id (kept across resumes, in every checkpoint), its resolved config, and
-    how it presents itself (``machina.logging.identity``): name (its overrides), group (its sweep), tags, job type."""
+    how it presents itself (``machina.logging.identity.run_identity``): name (its overrides), group (its sweep), tags,
+    job type."""
 
     dir: Path
     id: str
@@ -61,10 +62,11 @@ class Sink:
 
 class Sinks:
     """The run's sinks, handed to the trainer when it is built and opened once the run is accepted (``open``), so a
-    refused start writes nothing. Iterating gives the open sinks; each call goes to every one of them in order.
+        refused start writes nothing. Iterating gives the open sinks (the trainer gives each its epoch's metrics and
+    replays); ``summarize`` and ``close`` go to every one of them in order.
 
-    Args:
-        openers: one callable per sink, building it (``Sink.for_run`` with its settings bound).
+        Args:
+            openers: one callable per sink, building it (``Sink.for_run`` with its settings bound).
     """
 
     def __init__(self, openers: list[Callable[[], Sink]] | None = None):
@@ -82,14 +84,6 @@ class Sinks:
         except BaseException as err:
             self.close(err)
             raise
-
-    def log(self, metrics: dict[str, float]) -> None:
-        for sink in self.opened:
-            sink.log(metrics)
-
-    def log_media(self, name: str, path: Path, step: int) -> None:
-        for sink in self.opened:
-            sink.log_media(name, path, step)
 
     def summarize(self, summary: dict[str, float]) -> None:
         for sink in self.opened:

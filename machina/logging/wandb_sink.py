@@ -20,7 +20,7 @@ class WandbSink(Sink):
     at all with ``mode="disabled"`` (``wandb=disabled``).
 
     ``metric/agent_step`` is the x axis of every metric. The logged config shows the group the run is in
-    (``wandb.group`` is null in the config when the group comes from the sweep folder). A run that ends with an
+    (``wandb.group`` is null in the config when the group is the run's own, its sweep's). A run that ends with an
     error is not marked finished (``close``). ``run_id`` continues that run (a resume): offline, the resumed part is
     a second ``offline-run-*`` folder with the same id, and ``wandb sync`` uploads both into the one run. Failures
     at init or log time are logged and turn the sink off; training goes on.
@@ -70,18 +70,28 @@ class WandbSink(Sink):
             self.run = None
 
     @classmethod
-    def for_run(cls, run: RunInfo, mode: str, project: str, entity: str | None = None) -> "WandbSink":
-        """The run's W&B run in ``run.dir/wandb``, named and grouped as ``run`` says, continuing ``run.id``."""
+    def for_run(
+        cls,
+        run: RunInfo,
+        mode: str,
+        project: str,
+        entity: str | None = None,
+        group: str | None = None,
+        tags: list[str] | tuple[str, ...] = (),
+    ) -> "WandbSink":
+        """The run's W&B run in ``run.dir/wandb``, continuing ``run.id``: W&B's name, group, tags and job type are
+        the run's own (``RunInfo``), except that ``group`` (``wandb.group``) replaces the run's group and ``tags``
+        (``wandb.tags``) are added to its tags."""
         return cls(
             mode=mode,
             project=project,
             entity=entity,
             directory=run.dir,
             config=run.config,
-            group=run.group,
+            group=run.group if group is None else group,
             name=run.name,
             job_type=run.job_type,
-            tags=run.tags,
+            tags=[*run.tags, *tags],
             run_id=run.id,
         )
 

@@ -5,8 +5,9 @@ import math
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.env.spec import EnvSpec
+from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms
@@ -30,10 +31,10 @@ class EERClonerLoss(Loss):
         teacher_prob_floor: float = 0.01,
     ):
         super().__init__()
-        if not 0.0 < teacher_prob_floor <= 1.0:
-            raise ValueError(f"losses.eer_cloner.teacher_prob_floor must be in (0, 1], got {teacher_prob_floor}")
-        self.coef = as_schedule(action_loss_coef, "losses.eer_cloner.action_loss_coef")
-        self.r_lambda = as_schedule(r_lambda, "losses.eer_cloner.r_lambda")
+        if not (checks.is_number(teacher_prob_floor) and 0.0 < teacher_prob_floor <= 1.0):
+            raise ConfigError(f"teacher_prob_floor={teacher_prob_floor!r:.80} must be a number in (0, 1]")
+        self.coef = as_schedule(action_loss_coef, "action_loss_coef")
+        self.r_lambda = as_schedule(r_lambda, "r_lambda")
         self.log_floor = math.log(teacher_prob_floor)
 
     def experience_spec(self, env_spec: EnvSpec) -> Spec:

@@ -55,22 +55,21 @@ class EERKickstarterLoss(Loss):
     ):
         super().__init__()
         self.teacher = teacher
-        self.action_coef = as_schedule(action_loss_coef, "losses.eer_kickstarter.action_loss_coef")
-        self.value_coef = as_schedule(value_loss_coef, "losses.eer_kickstarter.value_loss_coef")
-        self.r_lambda = as_schedule(r_lambda, "losses.eer_kickstarter.r_lambda")
+        self.action_coef = as_schedule(action_loss_coef, "action_loss_coef")
+        self.value_coef = as_schedule(value_loss_coef, "value_loss_coef")
+        self.r_lambda = as_schedule(r_lambda, "r_lambda")
         self._state: TensorDict | None = None
 
     def setup(self, env_spec: EnvSpec, device: torch.device, all_reduce) -> None:
         super().setup(env_spec, device, all_reduce)
         if self.teacher.num_actions != env_spec.num_actions:
             raise ConfigError(
-                f"losses.eer_kickstarter.teacher has {self.teacher.num_actions} actions but the env has "
+                f"teacher has {self.teacher.num_actions} actions but the env has "
                 f"{env_spec.num_actions}; use a teacher trained with the same env.num_vibes"
             )
         if self.teacher.obs_spec != env_spec.obs:
             raise ConfigError(
-                f"losses.eer_kickstarter.teacher was trained on other observations ({self.teacher.obs_spec}) than "
-                f"this env's ({env_spec.obs})"
+                f"teacher was trained on other observations ({self.teacher.obs_spec}) than this env's ({env_spec.obs})"
             )
 
     def state_dict(self, *args, **kwargs) -> dict:

@@ -50,8 +50,8 @@ class PPOLoss(Loss):
     ):
         super().__init__()
         for name, value in (("clip_coef", clip_coef), ("vf_coef", vf_coef), ("vf_clip_coef", vf_clip_coef)):
-            checks.finite(f"losses.ppo.{name}", value, low=0)
-        checks.finite("losses.ppo.ent_coef", ent_coef, low=0)
+            checks.finite(name, value, low=0)
+        checks.finite("ent_coef", ent_coef, low=0)
         self.clip_coef, self.vf_coef, self.vf_clip_coef = clip_coef, vf_coef, vf_clip_coef
         self.ent_coef, self.norm_adv, self.clip_vloss = ent_coef, norm_adv, clip_vloss
 

@@ -5,6 +5,7 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.spec import EnvSpec
+from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.losses.base import Loss
 from machina.losses.functional import cloning_terms, lead_with_teacher
@@ -37,16 +38,16 @@ class SlicedScriptedClonerLoss(Loss):
         teacher_led_proportion: float | Linear = 0.2,
     ):
         super().__init__()
-        self.coef = as_schedule(action_loss_coef, "losses.sliced_scripted_cloner.action_loss_coef")
-        self.student_led = as_schedule(student_led_proportion, "losses.sliced_scripted_cloner.student_led_proportion")
-        self.teacher_led = as_schedule(teacher_led_proportion, "losses.sliced_scripted_cloner.teacher_led_proportion")
+        self.coef = as_schedule(action_loss_coef, "action_loss_coef")
+        self.student_led = as_schedule(student_led_proportion, "student_led_proportion")
+        self.teacher_led = as_schedule(teacher_led_proportion, "teacher_led_proportion")
         # Both schedules are piecewise linear, so their sum is too: checking it at every breakpoint checks it all.
         for step in {0, *self.student_led.breakpoints(), *self.teacher_led.breakpoints()}:
             student, teacher = self.student_led(step), self.teacher_led(step)
             if min(student, teacher) < 0.0 or student + teacher > 1.0:
-                raise ValueError(
-                    f"losses.sliced_scripted_cloner: student_led_proportion ({student:g}) and teacher_led_proportion "
-                    f"({teacher:g}) at agent step {step} must be >= 0 and sum to at most 1 (the rest is PPO's slice)"
+                raise ConfigError(
+                    f"student_led_proportion ({student:g}) and teacher_led_proportion ({teacher:g}) at agent step "
+                    f"{step} must be >= 0 and sum to at most 1 (the rest is PPO's slice)"
                 )
         self.masks: TensorDict | None = None
         self._proportions = (0.0, 0.0)

@@ -38,8 +38,8 @@ class SupervisorLoss(Loss):
 
     def __init__(self, action_loss_coef: float | Linear = 1.0, teacher_led_proportion: float | Linear = 0.0):
         super().__init__()
-        self.coef = as_schedule(action_loss_coef, "losses.supervisor.action_loss_coef")
-        self.teacher_led = as_schedule(teacher_led_proportion, "losses.supervisor.teacher_led_proportion")
+        self.coef = as_schedule(action_loss_coef, "action_loss_coef")
+        self.teacher_led = as_schedule(teacher_led_proportion, "teacher_led_proportion")
         # Piecewise linear: positive somewhere iff positive at a breakpoint or at 0 (constant after its last one).
         steps = {0, *self.teacher_led.breakpoints()}
         self.leads = any(self.teacher_led(step) > 0.0 for step in steps)

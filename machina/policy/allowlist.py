@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
+from machina import checks
 from machina.env.spec import ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
+from machina.files.stored_config import PLAIN
 from machina.files.trusted import Trusted, in_force
 from machina.policy.component import Component, ComponentPolicy
 
@@ -32,7 +34,6 @@ POLICY = "machina.policy.component.ComponentPolicy"
 FACTORY_SLOTS = ("encoder", "core", "actor", "critic")
 SLOTS = (*FACTORY_SLOTS, "action_probs")
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values
-PLAIN = (bool, int, float, str, type(None))
 MAX_LIST = 64  # items of a list argument (a policy's hidden widths, the Perceiver's frequencies)
 MAX_INT = 2**31  # no width or count of a policy comes near it
 # (slot, argument): the one setting of a policy config that is not architecture but a run-time flag.
@@ -89,7 +90,7 @@ def check_architecture(architecture: Any, source: str, trusted: Trusted | None =
                 if not isinstance(value, bool):
                     raise refuse(f"{entry}.{key}", f"is {value!r}, not a boolean")
                 continue
-            check_plain(value, f"{entry}.{key}", refuse)
+            check_argument(value, f"{entry}.{key}", refuse)
 
 
 def check_convert(node: dict, entry: str, refuse) -> None:
@@ -97,21 +98,17 @@ def check_convert(node: dict, entry: str, refuse) -> None:
         raise refuse(f"{entry}._convert_", f"is {node['_convert_']!r}, not one of {', '.join(CONVERT_MODES)}")
 
 
-def check_plain(value: Any, entry: str, refuse) -> None:
-    if isinstance(value, list):
-        if len(value) > MAX_LIST:
-            raise refuse(entry, f"has {len(value)} items; a policy argument has at most {MAX_LIST}")
-        for i, item in enumerate(value):
-            check_plain_value(item, f"{entry}[{i}]", refuse)
-    else:
-        check_plain_value(value, entry, refuse)
-
-
-def check_plain_value(value: Any, entry: str, refuse) -> None:
-    if not isinstance(value, PLAIN):
-        raise refuse(entry, f"is a {type(value).__name__}, not a plain value")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
-        raise refuse(entry, f"is {value}, beyond any size a policy takes ({MAX_INT:,})")
+def check_argument(value: Any, entry: str, refuse) -> None:
+    """A component's argument: a plain value (``machina.files.stored_config.PLAIN``) or a list of at most
+    ``MAX_LIST`` of them, no integer beyond ``MAX_INT``."""
+    if isinstance(value, list) and len(value) > MAX_LIST:
+        raise refuse(entry, f"has {len(value)} items; a policy argument has at most {MAX_LIST}")
+    for i, item in enumerate(value if isinstance(value, list) else [value]):
+        at = f"{entry}[{i}]" if isinstance(value, list) else entry
+        if not isinstance(item, PLAIN):
+            raise refuse(at, f"is a {type(item).__name__}, not a plain value")
+        if checks.is_integer(item) and abs(item) >= MAX_INT:
+            raise refuse(at, f"is {item}, beyond any size a policy takes ({MAX_INT:,})")
 
 
 def check_sizes(

@@ -111,17 +111,16 @@ def load_policy(
 
 
 def load_teacher(path: str | None, trusted: Trusted | None = None) -> nn.Module:
-    """A frozen teacher network from a policy file (``losses.eer_kickstarter.teacher.path``), in eval mode and
-    emitting ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.startup.build`` (the
-    one
-    place that reads files for the experiment) and handed to the loss."""
+    """A frozen teacher network from a policy file (``path``: a loss's ``teacher.path``), in eval mode and emitting
+    ``FULL_LOG_PROBS``; its observation spec is ``teacher.obs_spec``. Built by ``machina.startup.build`` (the one
+    place that reads files for the experiment) and handed to the loss. A refusal names ``path`` relative to the
+    teacher's node, and the builder puts the node's path in front (``losses.eer_kickstarter.teacher.path=...``)."""
     if not path:
         raise ConfigError(
-            "losses.eer_kickstarter needs a teacher: set losses.eer_kickstarter.teacher.path=PATH to a machina "
-            "policy file (outputs/<run>/checkpoints/policy_*.pt)"
+            f"path={path!r} names no teacher: set it to a machina policy file (outputs/<run>/checkpoints/policy_*.pt)"
         )
     try:
         teacher, _ = load_policy(path, emit_full_log_probs=True, trusted=trusted)
     except ConfigError as err:
-        raise ConfigError(f"losses.eer_kickstarter.teacher.path={path!r}: {err}") from None
+        raise ConfigError(f"path={path!r}: {err}") from None
     return teacher.requires_grad_(False).eval()

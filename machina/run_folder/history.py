@@ -10,8 +10,8 @@ the rows of ``metrics.jsonl`` and ``replays/replay_<epoch>.gif``. It is append-o
 - ``resume=`` one of the folder's own checkpoints continues from it, older ones included (a rewind).
 - ``resume=`` a checkpoint from elsewhere starts this folder from it, only when the folder has no history.
 - Whatever the folder holds after the epoch a start continues from (the epochs of an abandoned future, rows of epochs
-  trained after the last checkpoint, a torn last row) is moved, never deleted, to ``rewound/after_epoch_<E>_<time>/``
-  once the start is accepted, and the log says where (``rewind``).
+  trained after the last checkpoint, a torn last row) is moved, never deleted, to a new folder
+  ``rewound/after_epoch_<E>_<time>[_<n>]/`` once the start is accepted, and the log says where (``rewind``).
 """
 
 import logging
@@ -129,8 +129,7 @@ def rewind(run_dir: Path, epoch: int) -> Path | None:
     later = [line for line in history.lines if line.row is None or row_epoch(line.row) > epoch]
     if not (files or later):
         return None
-    archive = Path(run_dir) / REWOUND / f"after_epoch_{epoch:06d}_{time.strftime('%Y%m%d-%H%M%S')}"
-    archive.mkdir(parents=True, exist_ok=True)
+    archive = new_archive(Path(run_dir) / REWOUND, epoch)
     if later:
         moved = "".join(f"{line.text}\n" for line in later).encode("utf-8")
         atomic_write(archive / metrics_file.NAME, lambda f: f.write(moved))
@@ -158,6 +157,22 @@ def rewind(run_dir: Path, epoch: int) -> Path | None:
         archive,
     )
     return archive
+
+
+def new_archive(rewound: Path, epoch: int) -> Path:
+    """A folder made here for one rewind: ``rewound/after_epoch_<E>_<time>``, or with ``_2``, ``_3``, ... after it
+    when a rewind to the same epoch in the same second made that one. ``mkdir`` without ``exist_ok`` either makes
+    the folder or fails, so no two rewinds share one and nothing in an archive is ever replaced."""
+    rewound.mkdir(parents=True, exist_ok=True)
+    stem = f"after_epoch_{epoch:06d}_{time.strftime('%Y%m%d-%H%M%S')}"
+    number = 1
+    while True:
+        archive = rewound / (stem if number == 1 else f"{stem}_{number}")
+        try:
+            archive.mkdir()
+            return archive
+        except FileExistsError:
+            number += 1
 
 
 def row_epoch(row: dict) -> float:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
 from machina.errors import ConfigError
 from machina.files import metrics_file
 from machina.files.metrics_file import number, read_file
+from machina.files.stored_config import parse_yaml
 
 # Hydra's job log format: "[time][logger][LEVEL] - message".
 ERROR_LINE = re.compile(r"\]\[(?:ERROR|CRITICAL)\] - (.*)")
@@ -84,7 +83,7 @@ def is_training_run(path: Path) -> bool:
     training writes (metrics.jsonl, checkpoints/). A folder whose config cannot be read counts as one, so that it is
     listed as damaged rather than left out."""
     path = Path(path)
-    config = read_yaml(path, CONFIG, {}, [])
+    config = read_document(path, CONFIG, {}, [])
     trained = (path / metrics_file.NAME).exists() or (path / "checkpoints").exists()
     return config is None or "trainer" in config or trained
 
@@ -93,13 +92,17 @@ def read_run(path: Path) -> RunRecord:
     """Summarise one run folder; one with no metrics, too few epochs or damaged files is reported, never skipped."""
     path = Path(path)
     damage: list[str] = []
-    overrides = read_yaml(path, OVERRIDES, [], damage)
-    hydra = mapping(mapping(read_yaml(path, HYDRA, {}, damage)).get("hydra"))
+    overrides = read_document(path, OVERRIDES, [], damage)
+    hydra = mapping(mapping(read_document(path, HYDRA, {}, damage)).get("hydra"))
     job = mapping(hydra.get("job"))
     sweep = hydra.get("mode") == "MULTIRUN" or isinstance(job.get("num"), int)
-    config = read_yaml(path, RESOLVED, {}, damage) or read_yaml(path, CONFIG, {}, damage) or {}
+    config = read_document(path, RESOLVED, {}, damage) or read_document(path, CONFIG, {}, damage) or {}
     expected = mapping(config.get("trainer")).get("total_timesteps")
-    rows, warnings = read_metrics(path, damage)
+    try:
+        rows, warnings = metrics_file.read_metrics(path)
+    except ConfigError as err:  # metrics.jsonl is there but cannot be read
+        damage.append(str(err))
+        rows, warnings = [], []
     log_text = read_log(path, damage)
     record = RunRecord(
         path=path,
@@ -153,16 +156,6 @@ def summarize_rows(record: RunRecord, rows: list[dict]) -> None:
     record.curve = [(int(step), s, r) for step, s, r in zip(steps, sps, rewards, strict=True) if step is not None]
 
 
-def read_metrics(path: Path, damage: list[str]) -> tuple[list[dict], list[str]]:
-    """The run's metrics rows and the warnings about skipped lines (the first few, then a count); a metrics.jsonl
-    that cannot be read is damage."""
-    try:
-        return metrics_file.read_folder(path)
-    except ConfigError as err:
-        damage.append(str(err))
-        return [], []
-
-
 def read_log(path: Path, damage: list[str]) -> str:
     """The text of the run's ``train.log`` (invalid UTF-8 replaced); "" when there is none."""
     try:
@@ -195,22 +188,16 @@ def last_error(log_text: str) -> str | None:
     return messages[-1].strip() if messages else None
 
 
-def read_yaml(path: Path, name: str, default: dict | list, damage: list[str]) -> dict | list | None:
+def read_document(path: Path, name: str, default: dict | list, damage: list[str]) -> dict | list | None:
     """The document of ``path/name`` when it is of ``default``'s type (a mapping; overrides.yaml: a list);
     ``default`` when the file is absent; None, with a line in ``damage`` naming the file, when it cannot be read, is
-    not YAML or holds something else. safe_load reads Hydra's files as plain YAML: interpolations stay strings, no
-    resolver is needed, and no tag in a hostile file builds an object."""
+    not YAML or holds something else. ``stored_config.parse_yaml`` reads Hydra's files as plain YAML:
+    interpolations stay strings, no resolver is needed, and no tag in a hostile file builds an object."""
     try:
         data = read_file(path / name)
+        document = default if data is None else parse_yaml(data, name)
     except ConfigError as err:
         damage.append(str(err))
-        return None
-    if data is None:
-        return default
-    try:
-        document = yaml.safe_load(data)
-    except (yaml.YAMLError, ValueError, RecursionError) as err:  # ValueError: e.g. an impossible date
-        damage.append(f"{name}: not YAML ({yaml_problem(err)})")
         return None
     if not isinstance(document, type(default)):
         damage.append(f"{name}: holds {kind(document)}, not {kind(default)}")
@@ -223,13 +210,6 @@ def kind(document) -> str:
     if document is None:
         return "nothing (an empty file)"
     return {dict: "a mapping", list: "a list"}.get(type(document), f"a {type(document).__name__}")
-
-
-def yaml_problem(err: Exception) -> str:
-    """The short reason of a YAML error, with its line when known."""
-    problem = getattr(err, "problem", None) or str(err).split("\n")[0] or type(err).__name__
-    mark = getattr(err, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}" if mark else problem
 
 
 def mapping(value) -> dict:

@@ -4,6 +4,11 @@ The lock is ``fcntl.flock`` on that file. The operating system releases it when 
 so a lock left by a run killed with ``kill -9`` never blocks the rerun that resumes it (the file stays; its content
 is only information). The holder writes its PID and host into the file, so a second run names the process it waits
 for. Under torchrun only rank 0 takes it (``machina.run``).
+
+A refused start that made the file removes it again, while it still holds the lock. Another start may have opened
+the file just before and lock it just after: it then holds the lock of a file no longer in the folder, while a
+third start could make a new one. So a start checks, once it holds the lock, that the path still names the file it
+locked, and opens the path anew when it does not.
 """
 
 import fcntl
@@ -30,31 +35,46 @@ class RunLock:
 
     def __enter__(self) -> "RunLock":
         self.made = missing_folders(self.run_dir)
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            existed = self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's line stays readable
-        except OSError as err:
-            remove_empty(self.made)
-            raise ConfigError(
-                f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable or "
-                "choose another with hydra.run.dir=PATH"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(
-                f"the run folder {str(self.run_dir)!r} is in use by {holder}; wait for that run to end or stop it, or "
-                "choose another folder with hydra.run.dir=PATH"
-            ) from None
+        while True:
+            existed, fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+                os.close(fd)
+                raise ConfigError(
+                    f"the run folder {str(self.run_dir)!r} is in use by {holder}; wait for that run to end or stop "
+                    "it, or choose another folder with hydra.run.dir=PATH"
+                ) from None
+            if self._names(fd):
+                break
+            os.close(fd)  # a refused start removed the file between our open and our lock: lock the path's file
         # The line found, put back if the run is not accepted (``keep``); None: the file is ours to remove then.
         self.previous = os.pread(fd, 4096, 0) if existed else None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
         return self
+
+    def _open(self) -> tuple[bool, int]:
+        """Whether the lock file was there, and a descriptor of it (made when it was not)."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
+            return existed, os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the line stays readable
+        except OSError as err:
+            remove_empty(self.made)
+            raise ConfigError(
+                f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable or "
+                "choose another with hydra.run.dir=PATH"
+            ) from None
+
+    def _names(self, fd: int) -> bool:
+        """Whether the lock file's path still names the file open as ``fd``."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
 
     def keep(self) -> None:
         """The run was accepted: its line stays in the lock file after it ends (the file is only information)."""

@@ -3,6 +3,11 @@
 Order as in CleanRL's main: system -> losses -> env -> policy -> experience -> optimizer -> rollout and learner,
 each injected into the next; ``build_trainer`` puts the two phases into the epoch loop. ``machina.run`` adds the run
 folder, sinks, checkpoints and evaluation; benchmarks and tests build the same parts here.
+
+A part does not know where it was configured: the same loss class can be enabled as ``losses.ppo`` and
+``losses.ppo2``. So its constructor names its settings relative to its own node (``clip_coef=-1 must be ...``), and
+the part is built here inside ``configured(path)``, which puts the path in front of its refusal
+(``losses.ppo2.clip_coef=-1 must be ...``).
 """
 
 import inspect
@@ -26,7 +31,7 @@ from machina.env.factory import env_factory
 from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
-from machina.logging.identity import wandb_identity
+from machina.logging.identity import run_identity
 from machina.logging.sink import RunInfo, Sink, Sinks
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
@@ -98,8 +103,35 @@ def int_settings(node, prefix: str = "") -> Iterator[tuple[str, int]]:
             yield f"{prefix}{key}", value
 
 
+@contextmanager
+def configured(path: str) -> Iterator[None]:
+    """Put ``path``, where the part being built is configured, in front of a ConfigError raised while it is built;
+    one raised by a node that Hydra builds inside it (a schedule under a loss, a teacher) gets that node's path. A
+    message that already begins with the path (a part that names its settings in full) is left as it is. Only parts
+    whose refusals name their own settings are built inside it: the env, the policy, the learner and the trainer
+    name theirs in full, and pass on refusals that name other nodes."""
+    try:
+        yield
+    except InstantiationException as err:
+        if not isinstance(err.__cause__, ConfigError):
+            raise
+        node = re.search(r"^full_key: (\S+)$", str(err), re.M)  # Hydra's path of the node it was building
+        inner = node.group(1) if node else ""
+        # The path from the root of what was instantiated: absolute for a config node, relative for a plain dict.
+        where = inner if inner == path or inner.startswith(f"{path}.") else ".".join(filter(None, (path, inner)))
+        raise ConfigError(placed(where, str(err.__cause__))) from None
+    except ConfigError as err:
+        raise ConfigError(placed(path, str(err))) from None
+
+
+def placed(path: str, message: str) -> str:
+    """``message`` with ``path.`` in front, unless it already begins with ``path``."""
+    return message if message.startswith((f"{path}.", f"{path}=", f"{path} ")) else f"{path}.{message}"
+
+
 def build_parts(cfg: DictConfig, rank: int) -> Parts:
-    system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
+    with configured("system"):
+        system = instantiate(cfg.system, rank=rank, total_timesteps=cfg.trainer.total_timesteps)
     if cfg.system.compile == "auto":
         log.info("system.compile=auto: %s", "compiling the policy and the update" if system.compile else "eager")
     device = distributed.rank_device(system.apply())
@@ -111,8 +143,9 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     check_policy_outputs(losses, policy)
     if system.compile:
         policy.compile()  # in place: parameter names (and so checkpoints) stay those of the eager module
-    for loss in losses.values():
-        loss.setup(env.spec, device, distributed.all_reduce_sum)
+    for name, loss in losses.items():
+        with configured(f"losses.{name}"):
+            loss.setup(env.spec, device, distributed.all_reduce_sum)
         loss.to(device)
     spec = merge_specs(
         {
@@ -123,15 +156,24 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     )
     state = policy.initial_state(1, device)
     state_spec = {key: (tuple(value.shape[1:]), value.dtype) for key, value in state.items()}
-    experience = instantiate(
-        cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
-    )
+    with configured("experience"):
+        experience = instantiate(
+            cfg.experience, spec=spec, state_spec=state_spec, num_agents=env.spec.num_agents, device=device
+        )
     optimizer = instantiate(cfg.optimizer)(policy.parameters())
     stopwatch = Stopwatch()
     execution = Execution.for_device(system.compile, system.cuda_graphs, device)
     rollout = Rollout(env, policy, losses, experience, stopwatch, execution)
+    # Built apart, each under its own path, and passed in place of their nodes: the learner's own refusals name its
+    # settings in full (learner.update_epochs) and the refusals it passes on name other nodes (system.cuda_graphs).
+    with configured("learner.advantage"):
+        advantage = instantiate(cfg.learner.advantage)
+    with configured("learner.lr_schedule"):
+        lr_schedule = instantiate(cfg.learner.lr_schedule)
     learner = instantiate(
         cfg.learner,
+        advantage=advantage,
+        lr_schedule=lr_schedule,
         policy=policy,
         losses=losses,
         experience=experience,
@@ -151,8 +193,7 @@ def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> 
     """The sinks of the ``logger`` group (``logger.<name>``: a ``_target_``, a ``machina.logging.sink.Sink``
     subclass, and its settings), built by ``Sink.for_run`` when ``Sinks.open`` runs (once the run is accepted). A
     target that is not a sink, or a setting it does not take, is refused here, before anything is written."""
-    who = wandb_identity(cfg)
-    run = RunInfo(run_dir, run_id, resolved, who["name"], who["group"], who["tags"], who["job_type"])
+    run = RunInfo(run_dir, run_id, resolved, **run_identity(cfg))
     openers = []
     for name, node in (cfg.get("logger") or {}).items():
         settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
@@ -184,7 +225,8 @@ def build_losses(losses_cfg: DictConfig) -> dict[str, Loss]:
             )
         kwargs = {k: v for k, v in node.items() if k != "enabled"}
         if node.get("enabled", True):
-            losses[name] = instantiate(kwargs, _convert_="all")
+            with configured(f"losses.{name}"):
+                losses[name] = instantiate(kwargs, _convert_="all")
     return losses
 
 

@@ -1,6 +1,7 @@
 """Process-wide torch settings: seeding, device choice, determinism, threads, matmul precision and compilation."""
 
 import importlib.util
+import logging
 import os
 import random
 import shutil
@@ -13,6 +14,8 @@ from machina import checks
 from machina.errors import ConfigError
 from machina.precision import set_matmul_precision
 
+log = logging.getLogger(__name__)
+
 
 class System:
     """Applies ``system.*`` settings to this process and exposes the chosen device.
@@ -24,10 +27,12 @@ class System:
             a fixed CUBLAS workspace; false turns cudnn benchmark on (faster kernels, run-to-run noise).
         threads: torch intra-op threads; 0 keeps torch's default.
         tf32: allow TF32 matmuls and convolutions on Ampere+ GPUs.
-        bf16_matmuls: float32 matrix products read their inputs rounded to bfloat16 and accumulate in float32
-            (``torch.set_float32_matmul_precision("medium")``), where the hardware has bf16 units: on a CPU with
-            AMX or AVX512-BF16 oneDNN then runs them 2-6x faster (BENCHMARKS.md); on a GPU they are TF32 at least.
-            The weights, activations, optimizer state and every other op stay float32.
+        bf16_matmuls: reduced-precision inputs for float32 matrix products, summed in float32
+            (``torch.set_float32_matmul_precision("medium")``; ``machina.precision.set_matmul_precision``). On a CPU
+            with AMX or AVX512-BF16 the inputs are rounded to bfloat16 and oneDNN runs the products 2-6x faster
+            (BENCHMARKS.md); on a CPU without bf16 units nothing changes. On a CUDA GPU the products are TF32, not
+            bfloat16, even with ``tf32`` false (logged at start-up then). The weights, activations, optimizer state
+            and every other op stay float32.
         compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
             "auto": on for runs of at least ``compile_min_timesteps`` agent steps (``total_timesteps``) where a
             compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
@@ -55,27 +60,26 @@ class System:
         cuda_graphs: bool = False,
         rank: int = 0,
     ):
+        # Settings are named relative to this node (``seed``); machina.startup.build puts ``system.`` in front.
         # numpy's generator takes seeds below 2**32; the rank is added under torchrun.
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed + rank < 2**32:
-            raise ConfigError(f"system.seed must be an integer in 0 .. 2**32 - 1 - rank, got {seed!r}")
-        if not isinstance(threads, int) or threads < 0:
-            raise ConfigError(f"system.threads must be a non-negative integer (0 = torch default), got {threads!r}")
+        checks.integer("seed", seed, 0, 2**32 - 1 - rank, " (numpy's seeds are below 2**32; the rank is added)")
+        checks.integer("threads", threads, 0, why=" (0: torch's default)")
         self.seed = seed + rank
-        self.device = checks.device("system.device", device)
+        self.device = checks.device("device", device)
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
         self.tf32 = bool(tf32)
-        self.bf16_matmuls = checks.flag("system.bf16_matmuls", bf16_matmuls)
+        self.bf16_matmuls = checks.flag("bf16_matmuls", bf16_matmuls)
         if compile not in (True, False, "auto"):
-            raise ConfigError(f"system.compile must be true, false or auto, got {compile!r}")
+            raise ConfigError(f"compile={compile!r:.80} must be true, false or auto")
         if compile == "auto":
             compile = total_timesteps >= compile_min_timesteps and compiler_present(self.device)
         self.compile = compile
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
-                f"system.cuda_graphs=true captures CUDA graphs, but system.device resolved to {self.device}; "
-                "use a CUDA device or system.cuda_graphs=false"
+                f"cuda_graphs=true captures CUDA graphs, but device resolved to {self.device}; use a CUDA device or "
+                "cuda_graphs=false"
             )
 
     def apply(self) -> torch.device:
@@ -97,6 +101,12 @@ class System:
         torch.backends.cudnn.deterministic = self.torch_deterministic
         torch.backends.cudnn.benchmark = not self.torch_deterministic
         set_matmul_precision(self.bf16_matmuls, self.tf32)
+        if self.bf16_matmuls and not self.tf32 and self.device.type == "cuda":
+            log.warning(
+                "system.bf16_matmuls=true on %s: float32 matrix products run in TF32 although system.tf32=false "
+                "(torch has no bfloat16 path for them on a GPU); set system.bf16_matmuls=false for full float32",
+                self.device,
+            )
         torch.backends.cudnn.allow_tf32 = self.tf32
         if self.compile:
             # Compiled kernels are cached by graph: a later run of the same shapes loads them instead of compiling.

@@ -35,10 +35,10 @@ class VTrace:
     """
 
     def __init__(self, gamma: float = 0.99, gae_lambda: float = 0.95, rho_clip: float = 1.0, c_clip: float = 1.0):
-        checks.number("learner.advantage.gamma", gamma, 0, 1)
-        checks.number("learner.advantage.gae_lambda", gae_lambda, 0, 1)
-        checks.number("learner.advantage.rho_clip", rho_clip, 0, math.inf)
-        checks.number("learner.advantage.c_clip", c_clip, 0, math.inf)
+        checks.number("gamma", gamma, 0, 1)
+        checks.number("gae_lambda", gae_lambda, 0, 1)
+        checks.number("rho_clip", rho_clip, 0, math.inf)
+        checks.number("c_clip", c_clip, 0, math.inf)
         self.gamma, self.gae_lambda, self.rho_clip, self.c_clip = gamma, gae_lambda, rho_clip, c_clip
 
     def __call__(self, experience) -> torch.Tensor:

@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
+from machina import checks
 from machina.errors import ConfigError
 from machina.files import saved_state
-from machina.files.saved_state import within
+from machina.files.saved_state import INT64_MAX, within
 from machina.files.snapshot import check_rng, nonfinite
 
 FORMAT = "machina.checkpoint/3"
@@ -65,8 +66,8 @@ def check(data: dict[str, Any], path: str | Path) -> None:
 
 
 def _check_trainer(trainer: dict[str, Any]) -> None:
-    saved_state.integer(trainer["epoch"], "epoch", 0)
-    saved_state.integer(trainer["agent_step"], "agent_step", 0)
+    checks.integer("epoch", trainer["epoch"], 0, INT64_MAX)
+    checks.integer("agent_step", trainer["agent_step"], 0, INT64_MAX)
     history = trainer["history"]
     if not isinstance(history, list):
         raise ConfigError(f"history is {saved_state.describe(history)}, not a list")
@@ -102,7 +103,7 @@ def _check_optimizer(optimizer: Any) -> None:
     if not isinstance(state, dict):
         raise ConfigError(f"optimizer.state is {saved_state.describe(state)}, not a mapping")
     for param, entries in state.items():
-        saved_state.integer(param, f"optimizer.state key {param!r}", 0)
+        checks.integer(f"optimizer.state key {param!r}", param, 0, INT64_MAX)
         entries = saved_state.mapping(entries, f"optimizer.state.{param}")
         for key, value in entries.items():
             if not isinstance(value, torch.Tensor):

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 from machina import checks, keys
 from machina.env.spec import PAD_TOKEN, EnvSpec
 from machina.errors import ConfigError
+from machina.files.saved_state import within
 from machina.keys import Spec
 
 
@@ -93,7 +94,10 @@ class Experience:
         self.num_agents, self.bptt_horizon, self.batch_size = num_agents, bptt_horizon, batch_size
         self.num_minibatches = self.segments // self.minibatch_segments
         self.device = torch.device(device)
-        self.sampler = sampler(segments=self.segments, minibatch_segments=self.minibatch_segments, device=self.device)
+        with within("sampler."):  # the sampler names its settings relative to its node, experience.sampler
+            self.sampler = sampler(
+                segments=self.segments, minibatch_segments=self.minibatch_segments, device=self.device
+            )
 
         shape = (self.segments, bptt_horizon)
         self.buffer = TensorDict(
@@ -268,9 +272,8 @@ def check_fits(spec: Spec, state_spec: Spec, segments: int, bptt_horizon: int, d
     free = free_memory(torch.device(device))
     if free is not None and needed > free:
         raise ConfigError(
-            f"experience.batch_size={segments * bptt_horizon:,}: the buffer needs {needed / 2**30:.1f} GiB "
-            f"({step} bytes per agent step) and {free / 2**30:.1f} GiB are free on {device}; lower "
-            "experience.batch_size"
+            f"batch_size={segments * bptt_horizon:,}: the buffer needs {needed / 2**30:.1f} GiB ({step} bytes per "
+            f"agent step) and {free / 2**30:.1f} GiB are free on {device}; lower it"
         )
 
 
@@ -289,30 +292,31 @@ def free_memory(device: torch.device) -> int | None:
 
 
 def check_sizes(num_agents: int, batch_size: int, bptt_horizon: int, minibatch_size: int) -> tuple[int, int]:
-    """Validate the batch arithmetic; return (segments, minibatch_segments). Errors name the setting to change."""
+    """Validate the batch arithmetic; return (segments, minibatch_segments). Errors name the setting to change,
+    relative to the experience's node (``batch_size``; machina.startup.build puts ``experience.`` in front)."""
     for name, value in (
-        ("experience.batch_size", batch_size),
-        ("experience.bptt_horizon", bptt_horizon),
-        ("experience.minibatch_size", minibatch_size),
-        ("env.num_envs * env.agents_per_env", num_agents),
+        ("batch_size", batch_size),
+        ("bptt_horizon", bptt_horizon),
+        ("minibatch_size", minibatch_size),
+        ("num_agents", num_agents),
     ):
         checks.integer(name, value, 1)
     per_pass = num_agents * bptt_horizon
     if batch_size % per_pass:
         lower = max(per_pass, batch_size // per_pass * per_pass)
         raise ConfigError(
-            f"experience.batch_size={batch_size} must be a multiple of agents x bptt_horizon = {num_agents} x "
-            f"{bptt_horizon} = {per_pass} (every agent fills whole rows); try experience.batch_size={lower} "
-            f"or {lower + per_pass}, or change env.num_envs or experience.bptt_horizon"
+            f"batch_size={batch_size} must be a multiple of agents x bptt_horizon = {num_agents} x {bptt_horizon} = "
+            f"{per_pass} (every agent fills whole rows); try batch_size={lower} or {lower + per_pass}, or change "
+            "env.num_envs or bptt_horizon"
         )
     if minibatch_size % bptt_horizon:
         raise ConfigError(
-            f"experience.minibatch_size={minibatch_size} must be a multiple of experience.bptt_horizon="
-            f"{bptt_horizon} (minibatches hold whole segments)"
+            f"minibatch_size={minibatch_size} must be a multiple of bptt_horizon={bptt_horizon} (minibatches hold "
+            "whole segments)"
         )
     if minibatch_size > batch_size or batch_size % minibatch_size:
         raise ConfigError(
-            f"experience.minibatch_size={minibatch_size} must divide experience.batch_size={batch_size} "
+            f"minibatch_size={minibatch_size} must divide batch_size={batch_size} "
             f"({batch_size / minibatch_size:.3g} minibatches per epoch is not a whole number >= 1)"
         )
     return batch_size // bptt_horizon, minibatch_size // bptt_horizon

@@ -8,6 +8,8 @@ value on the host.
 
 import torch
 
+from machina import checks
+
 
 class Sequential:
     """Every segment once per update epoch, ``minibatch_segments`` at a time.
@@ -57,8 +59,8 @@ class Prioritized:
     def __init__(
         self, segments: int, minibatch_segments: int, device: torch.device, alpha: float = 0.6, beta0: float = 0.4
     ):
-        if not alpha >= 0.0 or not 0.0 <= beta0 <= 1.0:
-            raise ValueError(f"prioritized sampling needs alpha >= 0 and beta0 in [0, 1], got {alpha}, {beta0}")
+        checks.finite("alpha", alpha, low=0)
+        checks.number("beta0", beta0, 0, 1)
         self.segments, self.minibatch_segments, self.device = segments, minibatch_segments, device
         self.alpha, self.beta0 = alpha, beta0
         self.log_probs: torch.Tensor | None = None

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from machina import checks
 from machina.files import saved_state
 from machina.files.saved_state import within
 
@@ -80,7 +81,7 @@ class WeightAverage:
         checked first (ConfigError naming the entry)."""
         saved = saved_state.mapping(saved, "average", ("updates", "weights"))
         with within("average."):
-            updates = saved_state.integer(saved["updates"], "updates", 0)
+            updates = checks.integer("updates", saved["updates"], 0, saved_state.INT64_MAX)
             weights = saved_state.like(saved["weights"], self.averaged, "weights")
         for name, value in self.averaged.items():
             value.copy_(weights[name])

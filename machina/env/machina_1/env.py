@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from machina import keys
+from machina import checks, keys
 from machina.env.base import Capturable, Configurable, Env, Renderable
 from machina.env.machina_1 import layout as layouts
 from machina.env.machina_1.grid import (
@@ -64,7 +64,7 @@ from machina.env.machina_1.grid import (
 )
 from machina.env.machina_1.obs import TokenEncoder
 from machina.env.machina_1.pool import EpisodePool, Episodes
-from machina.env.machina_1.settings import check_settings, is_int
+from machina.env.machina_1.settings import check_settings
 from machina.env.machina_1.step_buffers import StepBuffers
 from machina.env.machina_1.teacher import Teacher
 from machina.env.spec import EnvSpec, ObsSpec
@@ -222,7 +222,7 @@ class Machina1Env(Env, Capturable, Configurable, Renderable):
             self.sampler.set_region(settings["region_size"])
         if "inventory_cap" in settings:
             cap = settings["inventory_cap"]
-            if not is_int(cap) or not 1 <= cap <= self.inventory_cap:
+            if not checks.is_integer(cap) or not 1 <= cap <= self.inventory_cap:
                 raise ConfigError(
                     f"env.inventory_cap={cap!r} during training must be an integer in 1..{self.inventory_cap} (the "
                     "cap the env was built with, which sets the observation's inventory norms)"

@@ -3,6 +3,7 @@
 import math
 from typing import Any
 
+from machina import checks
 from machina.env.machina_1.obs import never_cut
 from machina.errors import ConfigError
 
@@ -28,16 +29,16 @@ def check_settings(settings: dict[str, Any]) -> None:
     """Raise ConfigError (a ValueError) for the first invalid setting in ``settings`` (the constructor's arguments)."""
     for key, (low, high, why) in INTEGERS.items():
         value = settings[key]
-        in_range = (low is None or value >= low) if is_int(value) else False
+        in_range = (low is None or value >= low) if checks.is_integer(value) else False
         in_range = in_range and (high is None or value <= high)
         if not in_range:
             bounds = f"in {low}..{high}" if high is not None else (f">= {low}" if low is not None else "")
             refuse(key, value, f"must be an integer {bounds}".rstrip() + why)
     density = settings["obstacle_density"]
-    if not is_number(density) or not 0 <= density < 1:
+    if not checks.is_number(density) or not 0 <= density < 1:
         refuse("obstacle_density", density, "must be a number in [0, 1)")
     for key in FLOATS:
-        if not is_number(settings[key]) or not math.isfinite(settings[key]):
+        if not checks.is_number(settings[key]) or not math.isfinite(settings[key]):
             refuse(key, settings[key], "must be a finite number")
     for key in BOOLEANS:
         if not isinstance(settings[key], bool):
@@ -68,11 +69,3 @@ def check_settings(settings: dict[str, Any]) -> None:
 
 def refuse(key: str, value: Any, problem: str) -> None:
     raise ConfigError(f"env.{key}={value!r} {problem}")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
