@@ -1,10 +1,12 @@
 """Adding a loss: a class defined here, enabled from the command line only (``+losses.mine._target_=...``), that lists
 ``full_log_probs`` in ``consumes`` switches ``policy.action_probs.emit_full_log_probs`` on with no other edit, and
-the distribution reaches it at rollout and in training; disabled, nothing emits it."""
+the distribution reaches it at rollout and in training; disabled, nothing emits it. It passes the conformance kit
+(``machina.conformance.check_loss``), its state through a real checkpoint included."""
 
 import pytest
 
 from machina import keys
+from machina.conformance import check_loss
 from machina.errors import ConfigError
 from machina.losses.base import Loss
 from machina.startup.build import build, build_trainer
@@ -68,6 +70,11 @@ def test_a_new_loss_that_consumes_full_log_probs_switches_emission_on_and_receiv
     assert Watcher.emitted and all(Watcher.emitted)
     # Emission is a policy output, not a stored key: the buffer still holds no full distribution.
     assert keys.FULL_LOG_PROBS not in parts.experience.buffer.keys()
+
+
+def test_the_new_loss_conforms_and_its_state_survives_a_checkpoint():
+    check_loss("mine", [MINE])
+    assert {phase for phase, _ in MyLoss.seen} == {"rollout", "train"}  # the kit ran its hook and trained with it
 
 
 def test_the_same_loss_disabled_leaves_emission_off():

@@ -8,9 +8,12 @@ import pytest
 import torch
 import yaml
 from hydra.utils import instantiate
+from tensordict import TensorDict
 
+from machina import keys
 from machina.errors import ConfigError
 from machina.startup.build import build_losses
+from tests.conf_walk import env_for_policy
 from tests.conftest import CONF, ROOT, compose_config, run_train
 
 GROUPS = ["env", "policy", "losses", "experience", "system", "trainer", "optimizer", "wandb"]
@@ -43,17 +46,23 @@ def test_command_line_beats_the_preset():
     assert cfg.policy.action_probs.emit_full_log_probs is True
 
 
-# The env each policy reads the observations of (token policies: the default env), and its action count.
-POLICY_ENVS = {"mlp": ("gymnasium", 2)}
-
-
 @pytest.mark.parametrize("policy", options("policy"))
 def test_every_policy_builds_for_its_env(policy):
-    env_name, num_actions = POLICY_ENVS.get(policy, ("machina_1", 21))
-    cfg = compose_config([f"policy={policy}", f"env={env_name}", "env.num_envs=2"])
+    """Each policy option builds for the env it plays (the default env, or the first whose observations it reads,
+    derived: ``tests.conf_walk.env_for_policy``) and acts on that env's observations with its actions."""
+    cfg = compose_config([f"policy={policy}", f"env={env_for_policy(policy)}", "env.num_envs=2"])
     env = instantiate(cfg.env)
-    net = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
-    assert net.num_actions == env.spec.num_actions == num_actions
+    try:
+        net = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions)
+        obs = env.reset()[keys.OBS]
+        td = TensorDict({keys.OBS: obs.unsqueeze(1), keys.EPISODE_START: torch.ones(len(obs), 1)}, [len(obs)])
+        td.update(net.initial_state(len(obs), "cpu"))
+        with torch.no_grad():
+            actions = net(td)[keys.ACTIONS]
+    finally:
+        env.close()
+    assert net.num_actions == env.spec.num_actions
+    assert actions.shape == (env.spec.num_agents, 1) and ((actions >= 0) & (actions < env.spec.num_actions)).all()
 
 
 @pytest.mark.parametrize("loss", options("losses"))

@@ -1,4 +1,5 @@
-"""The policy contract the trainer relies on, checked for ``policy=fast`` and ``policy=vit``."""
+"""The policy contract the trainer relies on, checked for every ``conf/policy/*.yaml`` (found in the folder, so a new
+policy is covered with no edit), on the kind of observations its encoder reads."""
 
 import contextlib
 from pathlib import Path
@@ -9,7 +10,8 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from machina.env.spec import PAD_TOKEN, ObsSpec
+from machina.conformance.component import observation_kinds
+from machina.env.spec import PAD_TOKEN, ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.files import checksum
 from machina.keys import (
@@ -21,8 +23,8 @@ from machina.keys import (
     FULL_LOG_PROBS,
     HIDDEN,
     LOGITS,
-    NEXT_CELL,
     NEXT_HIDDEN,
+    NEXT_STATE,
     OBS,
     VALUES,
 )
@@ -31,25 +33,40 @@ from machina.policy.io import load_policy, policy_payload
 from tests.conftest import compose_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "policy"
-POLICIES = ("fast", "vit")
+POLICIES = sorted(path.stem for path in CONF.glob("*.yaml"))
 SPEC = ObsSpec(
     max_tokens=16,
     window=11,
     feature_names=("wall", "agent", "hp", "ore", "heart", "cooldown"),
     feature_norms=(1.0, 1.0, 100.0, 10.0, 5.0, 255.0),
 )
+VECTOR_SPEC = VectorObsSpec(size=6)
+SPECS = {spec.kind: spec for spec in (SPEC, VECTOR_SPEC)}
 NUM_ACTIONS = 7
+
+
+def spec_of(name: str) -> ObsSpec | VectorObsSpec:
+    """The observations policy ``name`` reads: the first kind its encoder takes."""
+    return SPECS[observation_kinds(OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")))[0]]
+
+
+# Policies with recurrent state (a core), and those that read tokens (padding is theirs).
+RECURRENT = [name for name in POLICIES if OmegaConf.load(CONF / f"{name}.yaml").core is not None]
+TOKEN_POLICIES = [name for name in POLICIES if isinstance(spec_of(name), ObsSpec)]
 
 
 def make_policy(name: str, emit: bool = True) -> torch.nn.Module:
     cfg = OmegaConf.load(CONF / f"{name}.yaml")
     cfg.action_probs.emit_full_log_probs = emit  # the real config derives it with the trainer's resolver
     torch.manual_seed(0)
-    return hydra.utils.instantiate(cfg, obs_spec=SPEC, num_actions=NUM_ACTIONS)
+    return hydra.utils.instantiate(cfg, obs_spec=spec_of(name), num_actions=NUM_ACTIONS)
 
 
-def random_obs(batch: int, steps: int, tokens: int = SPEC.max_tokens) -> torch.Tensor:
-    """uint8 [batch, steps, tokens, 3]: a random number of real tokens per observation (none in one), then padding."""
+def random_obs(batch: int, steps: int, tokens: int = SPEC.max_tokens, spec=SPEC) -> torch.Tensor:
+    """The policy's observations [batch, steps, ...]: float32 vectors for a vector spec; for tokens, uint8 [batch,
+    steps, tokens, 3] with a random number of real tokens per observation (none in one), then padding."""
+    if isinstance(spec, VectorObsSpec):
+        return torch.randn(batch, steps, spec.size)
     dy, dx = torch.randint(0, SPEC.window, (2, batch, steps, tokens))
     feature = torch.randint(0, SPEC.num_features, (batch, steps, tokens))
     value = torch.randint(0, 256, (batch, steps, tokens))
@@ -72,6 +89,16 @@ def sequence_td(policy, obs, dones, state=None, actions=None) -> TensorDict:
 def random_state(policy, batch: int) -> TensorDict:
     state = policy.initial_state(batch, "cpu")
     return state.apply(torch.randn_like)
+
+
+def obs_for(policy, batch: int, steps: int) -> torch.Tensor:
+    """Random observations of the kind ``policy`` reads."""
+    return random_obs(batch, steps, spec=policy.obs_spec)
+
+
+def next_keys(policy) -> list[str]:
+    """The keys of the state after a step or a sequence, one per state key."""
+    return [NEXT_STATE[key] for key in policy.state_keys]
 
 
 @contextlib.contextmanager
@@ -160,16 +187,18 @@ def test_a_policy_file_written_before_axis_or_direction_embeddings_loads_and_act
 @pytest.mark.parametrize("name", POLICIES)
 def test_state_and_experience_spec(name):
     policy = make_policy(name)
-    assert policy.state_keys == (HIDDEN, CELL)
+    assert policy.state_keys == ((HIDDEN, CELL) if name in RECURRENT else ())  # conf's cores are LSTMs
     state = policy.initial_state(5, "cpu")
     assert state.batch_size == torch.Size([5])
     for key in policy.state_keys:
-        assert state[key].shape == (5, policy.state_widths[HIDDEN])
+        assert state[key].shape == (5, policy.state_widths[key])
         assert state[key].dtype == torch.float32
         assert not state[key].any()
     spec = policy.experience_spec()
-    assert spec[OBS] == ((SPEC.max_tokens, 3), torch.uint8)
-    assert spec[EPISODE_START] == ((), torch.float32)
+    obs = policy.obs_spec
+    tokens = isinstance(obs, ObsSpec)
+    assert spec[OBS] == (((obs.max_tokens, 3), torch.uint8) if tokens else ((obs.size,), torch.float32))
+    assert spec.get(EPISODE_START) == (((), torch.float32) if name in RECURRENT else None)
     assert spec[ACTIONS] == ((), torch.int64)
 
 
@@ -177,16 +206,16 @@ def test_state_and_experience_spec(name):
 @pytest.mark.parametrize("name", POLICIES)
 def test_rollout_outputs(name, emit):
     policy = make_policy(name, emit)
-    batch, hidden = 6, policy.state_widths[HIDDEN]
+    batch = 6
     with torch.no_grad():
-        td = policy(sequence_td(policy, random_obs(batch, 1), torch.zeros(batch, 1)))
+        td = policy(sequence_td(policy, obs_for(policy, batch, 1), torch.zeros(batch, 1)))
     assert td[ACTIONS].shape == (batch, 1) and td[ACTIONS].dtype == torch.int64
     assert ((td[ACTIONS] >= 0) & (td[ACTIONS] < NUM_ACTIONS)).all()
     for key in (ACT_LOG_PROB, VALUES):
         assert td[key].shape == (batch, 1) and td[key].dtype == torch.float32
         assert td[key].isfinite().all()
-    for key in (NEXT_HIDDEN, NEXT_CELL):
-        assert td[key].shape == (batch, hidden)
+    for key, width in policy.state_widths.items():
+        assert td[NEXT_STATE[key]].shape == (batch, width)
     assert ENTROPY not in td
     assert (FULL_LOG_PROBS in td) == emit
     if emit:
@@ -201,13 +230,13 @@ def test_training_outputs(name, emit):
     policy = make_policy(name, emit)
     batch, steps = 3, 4
     actions = torch.randint(0, NUM_ACTIONS, (batch, steps))
-    td = policy(sequence_td(policy, random_obs(batch, steps), torch.zeros(batch, steps), actions=actions))
+    td = policy(sequence_td(policy, obs_for(policy, batch, steps), torch.zeros(batch, steps), actions=actions))
     assert torch.equal(td[ACTIONS], actions)
     for key in (ACT_LOG_PROB, ENTROPY, VALUES):
         assert td[key].shape == (batch, steps) and td[key].dtype == torch.float32
     assert (td[ENTROPY] > 0).all() and (td[ACT_LOG_PROB] < 0).all()
-    for key in (NEXT_HIDDEN, NEXT_CELL):
-        assert td[key].shape == (batch, policy.state_widths[HIDDEN])
+    for key, width in policy.state_widths.items():
+        assert td[NEXT_STATE[key]].shape == (batch, width)
     assert (FULL_LOG_PROBS in td) == emit
     if emit:
         assert td[FULL_LOG_PROBS].shape == (batch, steps, NUM_ACTIONS)
@@ -220,7 +249,7 @@ def test_emit_full_log_probs_can_be_switched_at_runtime(name):
     policy = make_policy(name, emit=False)
     policy.action_probs.emit_full_log_probs = True
     with torch.no_grad():
-        td = policy(sequence_td(policy, random_obs(2, 1), torch.zeros(2, 1)))
+        td = policy(sequence_td(policy, obs_for(policy, 2, 1), torch.zeros(2, 1)))
     assert td[FULL_LOG_PROBS].shape == (2, 1, NUM_ACTIONS)
 
 
@@ -230,7 +259,7 @@ def test_training_sequence_reproduces_step_by_step_rollout(name):
     give the same numbers."""
     policy = make_policy(name)
     batch, steps = 4, 6
-    obs = random_obs(batch, steps)
+    obs = obs_for(policy, batch, steps)
     dones = (torch.rand(batch, steps) < 0.3).float()
     start = random_state(policy, batch)
     state = start.clone()
@@ -238,7 +267,7 @@ def test_training_sequence_reproduces_step_by_step_rollout(name):
     with torch.no_grad():
         for t in range(steps):
             td = policy.act(sequence_td(policy, obs[:, t], dones[:, t], state))
-            state = TensorDict({HIDDEN: td[NEXT_HIDDEN], CELL: td[NEXT_CELL]}, batch_size=[batch])
+            state = TensorDict({key: td[NEXT_STATE[key]] for key in policy.state_keys}, batch_size=[batch])
             actions.append(td[ACTIONS])
             log_probs.append(td[ACT_LOG_PROB])
             values.append(td[VALUES])
@@ -248,15 +277,15 @@ def test_training_sequence_reproduces_step_by_step_rollout(name):
     torch.testing.assert_close(trained[ACT_LOG_PROB], torch.stack(log_probs, 1))
     torch.testing.assert_close(trained[VALUES], torch.stack(values, 1))
     torch.testing.assert_close(trained[FULL_LOG_PROBS], torch.stack(full, 1))
-    torch.testing.assert_close(trained[NEXT_HIDDEN], state[HIDDEN])
-    torch.testing.assert_close(trained[NEXT_CELL], state[CELL])
+    for key in policy.state_keys:
+        torch.testing.assert_close(trained[NEXT_STATE[key]], state[key])
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", RECURRENT)
 def test_done_resets_the_recurrent_state(name):
     policy = make_policy(name)
     batch, steps, reset_at = 3, 5, 2
-    obs = random_obs(batch, steps)
+    obs = obs_for(policy, batch, steps)
     actions = torch.randint(0, NUM_ACTIONS, (batch, steps))
     dones = torch.zeros(batch, steps)
     dones[:, reset_at] = 1.0
@@ -267,10 +296,11 @@ def test_done_resets_the_recurrent_state(name):
     for key in (ACT_LOG_PROB, VALUES):
         torch.testing.assert_close(whole[key][:, reset_at:], tail[key])
         assert not torch.allclose(no_reset[key][:, reset_at:], tail[key])
-    torch.testing.assert_close(whole[NEXT_HIDDEN], tail[NEXT_HIDDEN])
+    for key in next_keys(policy):
+        torch.testing.assert_close(whole[key], tail[key])
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", TOKEN_POLICIES)
 def test_padding_tokens_do_not_change_the_output(name):
     policy = make_policy(name)
     batch, steps = 4, 3
@@ -282,7 +312,7 @@ def test_padding_tokens_do_not_change_the_output(name):
     shuffled = padded[:, :, torch.randperm(padded.shape[2])]
     with torch.no_grad():
         outputs = [policy(sequence_td(policy, o, dones, actions=actions)) for o in (obs, padded, shuffled)]
-    for key in (ACT_LOG_PROB, ENTROPY, VALUES, NEXT_HIDDEN):
+    for key in (ACT_LOG_PROB, ENTROPY, VALUES, *next_keys(policy)):
         assert outputs[0][key].isfinite().all()
         for other in outputs[1:]:
             torch.testing.assert_close(other[key], outputs[0][key])
@@ -294,7 +324,7 @@ def test_gradients_reach_every_parameter(name):
     batch, steps = 3, 4
     td = sequence_td(
         policy,
-        random_obs(batch, steps),
+        obs_for(policy, batch, steps),
         torch.zeros(batch, steps),
         random_state(policy, batch),
         torch.randint(0, NUM_ACTIONS, (batch, steps)),
@@ -308,7 +338,7 @@ def test_gradients_reach_every_parameter(name):
 @pytest.mark.parametrize("name", POLICIES)
 def test_rollout_forward_makes_no_host_sync(name):
     policy = make_policy(name)
-    td = sequence_td(policy, random_obs(8, 1), (torch.rand(8, 1) < 0.5).float(), random_state(policy, 8))
+    td = sequence_td(policy, obs_for(policy, 8, 1), (torch.rand(8, 1) < 0.5).float(), random_state(policy, 8))
     with torch.no_grad(), host_syncs_forbidden():
         td = policy(td)
     assert td[ACTIONS].shape == (8, 1)
@@ -327,7 +357,7 @@ def test_sampled_actions_follow_the_softmax():
 @pytest.mark.parametrize("name", POLICIES)
 def test_output_keys_follow_the_emit_flag(name):
     policy = make_policy(name, emit=False)
-    assert {ACTIONS, ACT_LOG_PROB, ENTROPY, VALUES, NEXT_HIDDEN, NEXT_CELL} <= set(policy.output_keys())
+    assert {ACTIONS, ACT_LOG_PROB, ENTROPY, VALUES, *next_keys(policy)} <= set(policy.output_keys())
     assert FULL_LOG_PROBS not in policy.output_keys()
     policy.action_probs.emit_full_log_probs = True
     assert FULL_LOG_PROBS in policy.output_keys()

@@ -317,6 +317,7 @@ def test_only_the_builder_turns_config_into_code():
         "machina/startup/resolvers.py",  # ${consumes:...} during composition: the composed losses' classes
         "machina/startup/validation.py",  # start-up type checks of the composed config's constructors
         "machina/run.py",  # the composed config resolved once, for the checks and the record
+        "machina/conformance/loss.py",  # the kit's composed config resolved once for its checkpointer, as machina.run
         "machina/speed/policy.py",  # conf/policy/*.yaml of this repository
         "eval.py",  # env=<name> on eval's command line: the composed env group
     }
