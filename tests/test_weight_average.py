@@ -131,7 +131,7 @@ def edited(source, target, change) -> str:
 @pytest.mark.parametrize(
     "change, expected",
     [
-        (lambda learner: learner["average"].update(updates=-1), "average.updates is -1, outside"),
+        (lambda learner: learner["average"].update(updates=-1), "average.updates=-1 must be an integer in 0.."),
         (
             lambda learner: learner["average"]["weights"]["actor.net.0.weight"].fill_(float("nan")),
             "average.weights.actor.net.0.weight",
