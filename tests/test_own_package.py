@@ -52,7 +52,7 @@ def write_package(root: Path) -> list[str]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             written.append(first.removeprefix("# "))
-    for empty in ("my_lab/__init__.py", "my_lab/conf/__init__.py"):
+    for empty in ("my_lab/__init__.py", "my_lab/conf/__init__.py", "my_lab/tests/__init__.py"):
         (root / empty).write_text("")
     return written
 
@@ -78,7 +78,7 @@ def run(args: list[str], env: dict, timeout: float = 240) -> subprocess.Complete
 @pytest.fixture
 def lab(tmp_path):
     """A user's working folder with my_lab importable (PYTHONPATH) and machina's own files untouched."""
-    assert len(write_package(tmp_path / "src")) == 8  # four parts: a .py and a .yaml each
+    assert len(write_package(tmp_path / "src")) == 9  # four parts, a .py and a .yaml each, and their tests
     work = tmp_path / "work"
     work.mkdir()
     env = {
@@ -164,6 +164,12 @@ def test_the_tutorial_s_package_trains_resumes_evaluates_sweeps_and_compares(lab
     assert [rows(job)[-1]["metric/agent_step"] for job in jobs] == [1024, 1024]
     assert doc_command("python -m machina.compare") == ["machina.compare", "outputs/walk_sweep"]
     assert compare.main([str(sweep_dir), "--json"]) == 0
+
+    # The lab's own tests: the conformance kit over its four parts and a round trip of a run made of them.
+    lab_tests = [sys.executable, "-m", *doc_command("python -m pytest"), "-p", "no:cacheprovider"]
+    checked = subprocess.run(lab_tests, cwd=work.parent / "src", env=env, capture_output=True, text=True, timeout=600)
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    assert "5 passed" in checked.stdout
 
     # Nothing of machina's changed.
     assert machina_files == {p: p.stat().st_mtime_ns for p in machina_files}
