@@ -213,7 +213,11 @@ def test_the_second_ctrl_c_stops_a_run_that_inherited_sigint_ignored(tmp_path):
     """A run started as a background job of a script inherits SIGINT ignored: the first SIGINT still checkpoints at
     the epoch's end, and a second one stops at once (item 14)."""
     run_dir = tmp_path / "run"
-    args = [*TINY, "env.num_envs=64", "experience.batch_size=65536", "trainer.total_timesteps=100000000"]
+    # metrics.jsonl is the last sink, so the first signal lands after epoch 1's stop check, early in epoch 2 (about
+    # 2 s long), and the second 0.3 s later in the same epoch: with W&B after it, a signal could land between the
+    # row and that check and stop the run after epoch 1, before the second signal came.
+    args = [*TINY, "logger=[console,jsonl]", "env.num_envs=64", "experience.batch_size=131072"]
+    args.append("trainer.total_timesteps=100000000")
     metrics_file = run_dir / "metrics.jsonl"
     code, output, _ = interrupt_train(
         [*args, f"hydra.run.dir={run_dir}"],
