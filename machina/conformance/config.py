@@ -3,15 +3,14 @@ command line's overrides (a user's own package joins with ``hydra.searchpath=[pk
 ``debug=tiny``."""
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import DictConfig
 
+from machina.files.trusted import MACHINA_CONF
 from machina.startup import resolvers
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 # Seconds-long runs with nothing sent anywhere: debug=tiny's sizes, one epoch unless the caller says otherwise.
 TINY = ("debug=tiny", "wandb=disabled", "trainer.total_timesteps=1024")
 
@@ -20,5 +19,5 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """``conf/config.yaml`` composed with ``TINY`` and then ``overrides`` (later ones win), as ``train.py``
     composes it."""
     resolvers.register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="conformance"):
+    with initialize_config_dir(config_dir=str(MACHINA_CONF), version_base="1.3", job_name="conformance"):
         return hydra_compose(config_name="config", overrides=[*TINY, *overrides])

@@ -16,17 +16,18 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from machina.conformance.config import CONF, compose
+from machina.conformance.config import compose
 from machina.conformance.failure import ConformanceError
 from machina.env.base import Resumable
 from machina.errors import ConfigError, Interrupted, one_line
 from machina.files import metrics_file
+from machina.files.trusted import MACHINA_CONF
 from machina.logging.sink import Sink
 from machina.run import train
 from machina.startup.build import build_env_factory
 from machina.training.checkpoint import checkpoints
 
-EVAL = CONF.parent / "eval.py"
+EVAL = MACHINA_CONF.parent / "eval.py"
 # Exact reruns (system.torch_deterministic) and a checkpoint only where the kit asks for one.
 SETTINGS = ("system.torch_deterministic=true", "trainer.checkpoint_interval=0", "trainer.eval_interval=0")
 STOP = f"+logger.conformance_stop._target_={__name__}.StopAfterFirstEpoch"
@@ -132,7 +133,7 @@ def evaluate(overrides: Sequence[str], run_dir: Path, out_dir: Path) -> None:
     search_path = [o for o in overrides if o.startswith("hydra.searchpath=")]
     command = [sys.executable, str(EVAL), f"checkpoint={run_dir}", "episodes=2", "replay=false", *search_path]
     result = subprocess.run(
-        [*command, f"hydra.run.dir={out_dir}"], cwd=CONF.parent, capture_output=True, text=True, timeout=600
+        [*command, f"hydra.run.dir={out_dir}"], cwd=MACHINA_CONF.parent, capture_output=True, text=True, timeout=600
     )
     output = (result.stdout + result.stderr).strip().splitlines()
     if result.returncode != 0:

@@ -76,22 +76,25 @@ def in_force(composed: DictConfig | dict | None = None) -> Trusted:
     (machina's ``conf/`` alone outside one: tests, benchmarks) and the ``composed`` config (the command's own
     composition, its command line included), if given. Hydra's own configs (its launchers and sweepers) name no
     part and are left out."""
-    trusted = machina_trusted()
-    if HydraConfig.initialized():
-        roots = []
-        for source in HydraConfig.get().runtime.config_sources:
-            if source.provider == "hydra" or source.schema not in ("file", "pkg"):
-                continue
-            if source.schema == "file":
-                roots.append((f"file://{source.path}", Path(source.path).resolve()))
-            else:
-                package = source.path.replace("/", ".").rstrip(".")
-                roots.append((f"pkg://{package}", package_folder(package)))
-        trusted = from_search_path(roots)
+    trusted = from_search_path(hydra_search_path()) if HydraConfig.initialized() else machina_trusted()
     if composed is not None:
         plain = OmegaConf.to_container(composed, resolve=False) if isinstance(composed, DictConfig) else composed
         trusted = trusted.with_targets(targets_in(plain), "the composed config")
     return trusted
+
+
+def hydra_search_path() -> list[tuple[str, Traversable]]:
+    """The running Hydra app's config search path as ``(name, folder)`` entries, without Hydra's own configs."""
+    roots = []
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.provider == "hydra" or source.schema not in ("file", "pkg"):
+            continue
+        if source.schema == "file":
+            roots.append((f"file://{source.path}", Path(source.path).resolve()))
+        else:
+            package = source.path.replace("/", ".").rstrip(".")
+            roots.append((f"pkg://{package}", package_folder(package)))
+    return roots
 
 
 def package_folder(package: str) -> Traversable:
