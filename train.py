@@ -23,7 +23,7 @@ def main(cfg: DictConfig) -> float:
 
     # Nothing is written to the run folder until the run is accepted (machina.run_folder.run_record); under torchrun
     # this
-    # process is one rank of a data-parallel job (docs/distributed.md); alone it is the job.
+    # process is one rank of a data-parallel job (docs/tutorials/distributed.md); alone it is the job.
     with run_record.deferred(cfg), report_errors(), distributed.process_group(cfg.system.device):
         return train(cfg)
 

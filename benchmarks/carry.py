@@ -1,4 +1,5 @@
-"""Does a policy carry its hearts to the chest? A measurement on machina_1's default map (docs/learning.md).
+"""Does a policy carry its hearts to the chest? A measurement on machina_1's default map
+(docs/explanation/lab_notebook.md).
 
     python benchmarks/carry.py runs/main_s1/checkpoints/policy_000600.pt   # a policy file or a training checkpoint
     python benchmarks/carry.py --teacher                                     # the env's scripted teacher

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks and numbers for BENCHMARKS.md, as one script for a machine with one CUDA GPU (sized for an H200).
+# GPU checks and numbers for docs/reference/benchmarks.md, as one script for a machine with one CUDA GPU (sized for an H200).
 #
 #   bash benchmarks/gpu.sh fetch   # here, with network: wheels for a python3.12 GPU box that has torch but not
 #                                  # machina's other requirements, into .whl/ (git-ignored)

@@ -5,10 +5,11 @@ evaluation rows), SPS (``overview/sps``) and every loss term (``losses/<loss>/lo
 which no episode ended) are gaps.
 
 ``python -m machina.plot RUN_DIR... --returns --out PATH``: one panel of the training return of several runs (seeds
-of one recipe), each as a running mean over ``--window`` epochs that ended an episode (docs/gymnasium.md's curves).
+of one recipe), each as a running mean over ``--window`` epochs that ended an episode
+(docs/how-to/gymnasium.md's curves).
 ``--metric eval/return`` draws the periodic evaluation instead (``trainer.eval_interval``), ``--x minutes``
 against training wall time (the sum of ``timing/epoch``; evaluation is timed apart) instead of agent steps, and
-``--line teacher=7.88`` adds a labelled horizontal reference (docs/learning.md's curves).
+``--line teacher=7.88`` adds a labelled horizontal reference (docs/explanation/lab_notebook.md's curves).
 
 A metrics line that is not a row (torn by a kill, not JSON) and a value that is not a number are left out, with a
 warning on stderr for each skipped line; with ``--returns`` a folder whose metrics cannot be read is left out with a

@@ -13,7 +13,7 @@ a rewound future is moved aside (``history.rewind``), and resolved_config.yaml, 
 
 Under torchrun every rank runs this; rank 0 chooses the run folder, takes the lock and decides the checkpoint to
 resume from, and every rank uses its decision (or stops with its refusal); rank 0 alone writes the run folder,
-its sinks and checkpoints (docs/distributed.md).
+its sinks and checkpoints (docs/tutorials/distributed.md).
 """
 
 import logging

@@ -1,5 +1,5 @@
 """benchmarks/carry.py: the share of heart-carrying moves that bring an agent closer to the chest, which tells a policy
-that carries its hearts from one that moves at random while it holds them (docs/learning.md)."""
+that carries its hearts from one that moves at random while it holds them (docs/explanation/lab_notebook.md)."""
 
 import importlib.util
 import subprocess

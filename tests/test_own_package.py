@@ -24,7 +24,7 @@ from machina import compare
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH_PATH = "hydra.searchpath=[pkg://my_lab.conf]"
 
-TUTORIAL = ROOT / "docs" / "own_package.md"
+TUTORIAL = ROOT / "docs" / "tutorials" / "own_package.md"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 SMALL = [
     "debug=tiny",

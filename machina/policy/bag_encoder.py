@@ -36,7 +36,7 @@ class TokenBagEncoder(Component):
     rows of one (feature, value)), added to its cell rows: a token at cell (dy, dx) adds cell + row dy + column dx.
     What is learned about something dy rows from the agent (the chest is up) is then shared by the window's cells on
     that row, while the cell rows keep each cell's own meaning (a wall just there). They start at zero, so the first
-    policy is the one without them. Numbers on machina_1 in docs/learning.md.
+    policy is the one without them. Numbers on machina_1 in docs/explanation/lab_notebook.md.
 
     With ``direction_embeddings``, each (feature, value) also owns one row per direction from the agent (up-left, up,
     up-right, left, its own cell, ..., down-right: the signs of dy and dx), ``direction_rows`` [blocks, 9, embed_dim];

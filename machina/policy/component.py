@@ -158,7 +158,8 @@ class ComponentPolicy(nn.Module):
     def weights_fixed(self) -> Iterator[None]:
         """Inside it the caller does not change the weights (a rollout, an evaluation: loops that only read them),
         so a component may compute what depends on its weights alone once instead of on every step: the encoder's
-        embedding table (the main job's rollout forward 1.28x as fast on the 2-core CPU, BENCHMARKS.md). Whoever
+        embedding table (the main job's rollout forward 1.28x as fast on the 2-core CPU,
+        docs/reference/benchmarks.md). Whoever
         writes the weights (the learner, a checkpoint restore, a weight average's swap) does it outside, so nothing
         kept outlives a change. Only forwards without gradients read what is kept, and compiled ones compute it
         themselves, so no traced graph depends on a tensor that each block replaces."""

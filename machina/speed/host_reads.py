@@ -1,5 +1,5 @@
 """Counting host reads: every Python-level read of a tensor's value on the host, which on an accelerator waits for
-the device (a sync). The hot path makes none (docs/architecture.md, "Rules every change keeps"); tests and
+the device (a sync). The hot path makes none (docs/explanation/architecture.md, "Rules every change keeps"); tests and
 benchmarks check it with this."""
 
 import sys

@@ -30,7 +30,8 @@ class System:
         bf16_matmuls: reduced-precision inputs for float32 matrix products, summed in float32
             (``torch.set_float32_matmul_precision("medium")``; ``machina.precision.set_matmul_precision``). On a CPU
             with AMX or AVX512-BF16 the inputs are rounded to bfloat16 and oneDNN runs the products 2-6x faster
-            (BENCHMARKS.md); on a CPU without bf16 units nothing changes. On a CUDA GPU the products are TF32, not
+            (docs/reference/benchmarks.md); on a CPU without bf16 units nothing changes. On a CUDA GPU the products
+            are TF32, not
             bfloat16, even with ``tf32`` false (logged at start-up then). The weights, activations, optimizer state
             and every other op stay float32.
         compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
@@ -38,7 +39,7 @@ class System:
             compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
             compilation (about 2.5 minutes cold on a 2-core CPU, well under a minute from the cache, which is kept
             in ``~/.cache/machina/inductor`` across runs unless ``TORCHINDUCTOR_CACHE_DIR`` is set); then training
-            runs about 1.12x faster there (BENCHMARKS.md).
+            runs about 1.12x faster there (docs/reference/benchmarks.md).
         compile_min_timesteps: the run length from which "auto" compiles.
         total_timesteps: the run's length (``trainer.total_timesteps``), for "auto".
         cuda_graphs: replay each rollout step (the policy forward and, where the env allows, its step) and each

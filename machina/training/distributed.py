@@ -4,7 +4,7 @@ Each rank owns its envs (seeded with the rank), its experience buffer and its ro
 through DistributedDataParallel, which averages the gradients during backward, so every rank takes the same
 optimizer step and the parameters stay identical. Rank 0 alone logs and writes checkpoints. A plain
 ``python train.py`` (no ``WORLD_SIZE`` in the environment) joins no process group, and every helper here is then a
-no-op. Launching, and which settings are per rank: docs/distributed.md.
+no-op. Launching, and which settings are per rank: docs/tutorials/distributed.md.
 """
 
 import hashlib
@@ -67,7 +67,8 @@ def leave_group() -> None:
 def ranks_from_slurm() -> None:
     """Under ``srun`` with several tasks and no torchrun (e.g. ``hydra/launcher=submitit_slurm`` with
     ``tasks_per_node`` > 1), each task is a rank: take ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` from Slurm's
-    per-task variables. ``MASTER_ADDR`` and ``MASTER_PORT`` must be exported by the job (docs/distributed.md)."""
+    per-task variables. ``MASTER_ADDR`` and ``MASTER_PORT`` must be exported by the job
+    (docs/tutorials/distributed.md)."""
     if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return
     os.environ["RANK"] = os.environ["SLURM_PROCID"]

@@ -202,7 +202,7 @@ class Rollout:
     def _cores_left_to_workers(self) -> Iterator[None]:
         """On the CPU, act with one torch thread fewer per process that steps the env (at least one) while it runs:
         the policy's threads would otherwise take the cores the workers step the other group on (on 2 cores with 1
-        worker, 1.15x the end-to-end agent-steps/s; BENCHMARKS.md)."""
+        worker, 1.15x the end-to-end agent-steps/s; docs/reference/benchmarks.md)."""
         threads = torch.get_num_threads()
         if self.device.type != "cpu" or not self.host_processes:
             yield

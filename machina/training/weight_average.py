@@ -4,7 +4,8 @@ entry of each checkpoint), while training goes on from the policy's own weights.
 
 Why: at a constant learning rate the weights keep moving about a good region rather than settling in it, so the
 policy of any one epoch is a noisy draw. Averaging the iterates (Polyak and Juditsky, 1992; the exponential average
-of Polyak-Ruppert averaging) keeps the region and drops the noise; docs/learning.md measures what it gives.
+of Polyak-Ruppert averaging) keeps the region and drops the noise;
+docs/explanation/lab_notebook.md measures what it gives.
 
 After the update of epoch n (n = 1, 2, ...), with the policy's weights theta_n:
 
