@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")])
 TOP = ("machina", "conf", "experiments", "tests", "benchmarks", "docs")
 # A repo path in backticks: a top folder of the repository and a file name with its extension, or a root script.
 FOLDERS = "|".join(TOP)

@@ -9,7 +9,7 @@
     4  machina.training, machina.evaluation, machina.logging: the loop and what it measures and reports
     5  the application: machina.startup (the config into parts), machina.run_folder, machina.run, machina.cli,
        machina.compare, machina.plot, machina.bench, machina.speed (benchmarks), machina.conformance (the kit that
-       checks a part against what the trainer relies on)
+       checks a part against what the trainer relies on), machina.docs_reference (the generated reference pages)
 
 machina.run_folder is in the application layer: it lists the checkpoints training writes (``history`` reads them
 through ``machina.training.checkpoint``), and nothing below the application needs a run folder's history, lock or
@@ -48,6 +48,7 @@ LAYERS = (
         "machina.bench",
         "machina.speed",
         "machina.conformance",
+        "machina.docs_reference",
     ),
 )
 

@@ -1,0 +1,5 @@
+import sys
+
+from machina.docs_reference import main
+
+sys.exit(main())
