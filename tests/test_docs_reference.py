@@ -5,6 +5,7 @@ the command fails here, naming the page."""
 import os
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from machina import docs_reference
@@ -23,9 +24,11 @@ def leaves(node, prefix=""):
         yield prefix.rstrip(".")
 
 
-def test_the_generated_pages_are_current():
-    stale = docs_reference.stale()
-    assert not stale, f"stale: {sorted(p.name for p in stale)}; run python -m machina.docs_reference"
+@pytest.mark.parametrize("page", ["config.md", "flags.md"])
+def test_the_generated_page_is_current(page):
+    if page == "flags.md":
+        pytest.importorskip("mettagrid")  # the MettaGrid game command's parser (the mettagrid extra)
+    assert not docs_reference.stale((page,)), f"docs/reference/{page} is stale: run python -m machina.docs_reference"
 
 
 def test_every_group_option_and_key_of_conf_is_in_the_config_page():
@@ -54,6 +57,7 @@ def test_every_group_option_and_key_of_conf_is_in_the_config_page():
 
 
 def test_every_flag_of_every_module_command_is_on_the_flags_page():
+    pytest.importorskip("mettagrid")
     page = (ROOT / "docs" / "reference" / "flags.md").read_text()
     for title, module, argv in flags.COMMANDS:
         assert f"## `{title}`" in page

@@ -18,9 +18,9 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 PAGES = {"config.md": config.render, "flags.md": flags.render}
 
 
-def stale() -> dict[Path, str]:
-    """Each generated page whose file differs from what the command writes now, with its current text."""
-    pages = {REFERENCE / name: render() for name, render in PAGES.items()}
+def stale(names: tuple[str, ...] = tuple(PAGES)) -> dict[Path, str]:
+    """Each generated page of ``names`` whose file differs from what the command writes now, with its current text."""
+    pages = {REFERENCE / name: PAGES[name]() for name in names}
     return {path: text for path, text in pages.items() if not path.exists() or path.read_text() != text}
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="exit 1, writing nothing, when a page is stale")
     args = parser.parse_args(argv)
-    changed = stale()
+    changed = stale(tuple(PAGES))
     for path, text in changed.items():
         if args.check:
             print(f"{path} is stale: run python -m machina.docs_reference", file=sys.stderr)
