@@ -35,6 +35,14 @@ class PPOLoss(Loss):
         loss_entropy = -ent_coef * mean(H)
     Metrics: ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl`` (mean of (r - 1) - log r, Schulman's k3
     estimator), ``clipfrac`` (|r - 1| > clip_coef) and ``value_clipfrac`` (|V - V_old| > vf_clip_coef).
+
+    Args:
+        clip_coef: how far the probability ratio may leave 1 before the policy term stops pulling (epsilon).
+        vf_coef: the value loss's weight.
+        vf_clip_coef: how far the value may move from ``V_old`` in one update, with ``clip_vloss``.
+        ent_coef: the entropy bonus's weight.
+        norm_adv: normalise the advantages per minibatch.
+        clip_vloss: clip the value loss as above (CleanRL's default).
     """
 
     consumes = frozenset({keys.ACT_LOG_PROB, keys.ENTROPY, keys.VALUES})

@@ -44,6 +44,12 @@ class TokenBagEncoder(Component):
     ``distance_rows`` [blocks, 2 * (window // 2) + 1, embed_dim]. Both are added the same way: "the chest is up and to
     the left" and "the chest is 3 steps away" are then one row each, shared by every cell in that direction or at
     that distance. Zero at the start as well.
+
+    Args:
+        embed_dim: the width of each embedding row (of the bag's sum).
+        hidden: the width of ``ENCODED``, after the Linear layer that follows the sum.
+        categorical_max: features with ``feature_norm`` up to this get a row per value; wider ones a weighted row.
+        axis_embeddings, direction_embeddings, distance_embeddings: the shared rows above.
     """
 
     in_keys = (OBS,)

@@ -20,6 +20,11 @@ class ActorHead(Component):
     on one fixed buffer). With 1.0 agreement climbs past 0.56 in 1M agent steps, and PPO alone learns as fast.
     Feed-forward policies (``policy=mlp``) take CleanRL's 0.01. ``activation`` (relu | tanh) follows each hidden
     layer.
+
+    Args:
+        hidden: widths of the hidden layers between ``CORE`` and the logits; empty: one linear layer.
+        out_std: gain of the output layer's orthogonal initialisation.
+        activation: relu or tanh, after each hidden layer.
     """
 
     in_keys = (CORE,)
@@ -38,7 +43,13 @@ class ActorHead(Component):
 
 class CriticHead(Component):
     """``CORE`` [N, H] -> ``VALUES`` [N]; output layer initialised orthogonal with gain ``out_std`` (1.0, as
-    CleanRL's); ``activation`` (relu | tanh) follows each hidden layer."""
+    CleanRL's); ``activation`` (relu | tanh) follows each hidden layer.
+
+    Args:
+        hidden: widths of the hidden layers between ``CORE`` and the value; empty: one linear layer.
+        out_std: gain of the output layer's orthogonal initialisation.
+        activation: relu or tanh, after each hidden layer.
+    """
 
     in_keys = (CORE,)
     out_keys = (VALUES,)

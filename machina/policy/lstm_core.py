@@ -21,6 +21,9 @@ class LSTMCore(Component):
     projection ``x W_ih^T + b`` of all B*T steps is one matrix product before the loop, so each of the T steps only
     multiplies the [B, H] state by ``W_hh``: half the per-step matrix products, and one large one instead of T small
     ones.
+
+    Args:
+        hidden_size: H, the width of the state and of ``CORE``.
     """
 
     in_keys = (ENCODED, EPISODE_START, HIDDEN, CELL)

@@ -109,6 +109,14 @@ class PerceiverEncoder(Component):
     layers (no latent self-attention). The layers share one key / value projection of the tokens, computed once: it
     is the largest cost, proportional to N x M. A final LayerNorm and a mean over the latents give the encoding.
     Padding tokens are masked out of the attention, so neither their number nor their position changes the output.
+
+    Args:
+        latent_dim: the width of each latent and of ``ENCODED``.
+        num_latents: how many learned latents attend to the tokens.
+        num_heads: attention heads per layer (``latent_dim`` must divide by it).
+        num_layers: cross-attention layers.
+        feature_dim: the width of a token's learned feature embedding.
+        frequencies: the sine / cosine frequencies that encode a token's window position.
     """
 
     in_keys = (OBS,)

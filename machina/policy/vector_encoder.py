@@ -18,6 +18,10 @@ class VectorEncoder(Component):
     Linear layers initialised as CleanRL's (orthogonal, gain sqrt(2), zero bias), each followed by ``activation``
     (tanh, as CleanRL's classic-control agent). ``hidden=[]`` passes the observation through unchanged, for
     policies whose heads are whole MLPs (CleanRL's separate actor and critic networks: ``conf/policy/mlp.yaml``).
+
+    Args:
+        hidden: widths of the linear layers; empty: the observation passes through.
+        activation: tanh or relu, after each layer.
     """
 
     in_keys = (OBS,)

@@ -54,6 +54,10 @@ class Prioritized:
     ``beta0`` to 1 over training. Losses average w * term over the samples (no second normalisation), so at beta = 1
     the expected minibatch loss is S * P_min times the uniform mean over all segments (S * P_min = 1 / max_j of the
     unnormalised weights; it is also E[w], the expected mean weight of a minibatch).
+
+    Args:
+        alpha: how strongly priorities shape the draw (0: uniform).
+        beta0: the importance-weight exponent at the start, annealed to 1.
     """
 
     def __init__(

@@ -94,6 +94,11 @@ class Machina1Env(Env, Capturable, Configurable, Renderable):
     Every step writes into buffers allocated once; ``step``, ``reset`` and ``observe`` return copies of them, which
     the caller owns (losses keep a step across the next one, so handing out the buffers themselves would let the
     next step change what they hold).
+
+    Args:
+        agents_per_env: A, the cogs of one env (a team).
+        height, width: the interior's size; the map adds a one-cell wall border.
+        num_envs: E, the envs stepped together.
     """
 
     def __init__(
