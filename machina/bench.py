@@ -6,18 +6,25 @@
     python -m machina.bench policy [--policies fast vit] [--json]                           policy alone
     python -m machina.bench overhead [--json] [HYDRA_OVERRIDE ...]                          launch overhead
 
-``python -m machina.bench <mode> --help`` explains each.
+``python -m machina.bench <mode> --help`` explains each. Every mode first prints, on stderr, one line naming the
+machine's case (CPU, its bf16/AMX/AVX512/AVX2 units, torch's kernels, threads, load average; ``machina.speed.machine``)
+and a warning when the load average says another process is busy.
 """
 
 import sys
 
-from machina.speed import env, mettagrid, overhead, policy, training
+from machina.speed import env, machine, mettagrid, overhead, policy, training
 
 MODES = {"env": env.main, "mettagrid": mettagrid.main, "policy": policy.main, "overhead": overhead.main}
 
 
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
+    if not {"-h", "--help"} & set(argv):
+        described = machine.describe()
+        print(machine.summary(described), file=sys.stderr)
+        if warning := machine.shared_warning(described):
+            print(warning, file=sys.stderr)
     if argv and argv[0] in MODES:
         return MODES[argv[0]](argv[1:])
     return training.main(argv)

@@ -27,6 +27,7 @@ from hydra import compose, initialize_config_dir
 from machina import keys
 from machina.policy.inputs import next_state, rollout_input
 from machina.progress import Progress
+from machina.speed import machine
 from machina.speed.host_reads import count_host_reads
 from machina.startup import resolvers
 from machina.startup.build import Parts, build, build_trainer
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             parser.error("--compare takes KEY=A,B with exactly two values")
     else:
         variants = [args.overrides]
+    described = machine.describe()  # before the first epoch, so the load average is the machine's, not ours
     setups = [Setup(v) for v in variants]
     for setup in setups:
         setup.epoch()  # warm-up: first-touch allocations, thread pools, lazy init
@@ -183,6 +185,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for setup in setups:  # alternate, so a slow spell of the machine hits both configurations
             setup.epoch()
     results = [s.result(s.parts_rates(args.steps), s.syncs_per_step()) for s in setups]
+    for r in results:  # the threads as the run's system.threads left them
+        r["machine"] = {**described, "threads": torch.get_num_threads()}
     if args.json:
         for r in results:
             print(json.dumps(r))

@@ -1,0 +1,88 @@
+"""What the machine offers a benchmark, so a number is read with its case: the CPU and its vector and matrix units,
+the threads torch runs on, and whether another process is busy beside it.
+
+``describe()`` returns one mapping (printed by ``python -m machina.bench`` before its results and stored with each
+JSON result under ``"machine"``):
+
+- ``cpu``: the model name (``/proc/cpuinfo``; the platform's processor string elsewhere);
+- ``units``: which of ``amx_bf16``, ``avx512_bf16``, ``avx512f``, ``avx2`` the CPU reports;
+- ``kernels``: the vector width torch's own kernels use (``AVX512``, ``AVX2``, ``DEFAULT``...; the
+  ``ATEN_CPU_CAPABILITY`` variable lowers it);
+- ``bf16_products``: whether ``system.bf16_matmuls=true`` can speed up float32 products here (bf16 units present
+  and ``ONEDNN_MAX_CPU_ISA`` not limiting oneDNN below them);
+- ``threads`` (torch's intra-op threads), ``cores`` (the cores this process may run on);
+- ``load``: the 1-minute load average when the benchmark started.
+
+A load average of ``SHARED_LOAD`` or more before the benchmark starts means another process kept at least about
+half a core busy over the last minute: the numbers are then lower and noisier than on a quiet machine, and ratios of
+two configurations measured side by side are the only ones to trust.
+"""
+
+import os
+import platform
+
+import torch
+
+UNITS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+BF16_UNITS = ("amx_bf16", "avx512_bf16")
+# oneDNN ISA limits below which its bfloat16 kernels are not used (ONEDNN_MAX_CPU_ISA, case-insensitive).
+NO_BF16_ISAS = ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni")
+SHARED_LOAD = 0.5
+
+
+def cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
+    """The CPU's model name and flags from ``path`` (Linux's ``/proc/cpuinfo``); elsewhere the platform's name and
+    no flags."""
+    try:
+        with open(path) as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return platform.processor() or platform.machine(), set()
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model or platform.machine(), flags
+
+
+def describe(path: str = "/proc/cpuinfo") -> dict:
+    """The machine as a benchmark sees it (module docstring); ``path`` is where the CPU describes itself."""
+    model, flags = cpuinfo(path)
+    units = [u for u in UNITS if u in flags]
+    isa_limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {
+        "cpu": model,
+        "units": units,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "bf16_products": any(u in flags for u in BF16_UNITS) and isa_limit not in NO_BF16_ISAS,
+        "threads": torch.get_num_threads(),
+        "cores": cores,
+        "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
+    }
+
+
+def summary(machine: dict) -> str:
+    """One line naming the case: CPU, units, torch's kernels, bf16 products, threads of cores, load."""
+    units = " ".join(machine["units"]) or "none of " + " ".join(UNITS)
+    bf16 = "on bf16 units" if machine["bf16_products"] else "no speed-up here (no bf16 units or oneDNN limited)"
+    return (
+        f"machine: {machine['cpu']}; units: {units}; torch kernels: {machine['kernels']}; "
+        f"system.bf16_matmuls: {bf16}; {machine['threads']} threads of {machine['cores']} cores; "
+        f"load {machine['load']:.2f}"
+    )
+
+
+def shared_warning(machine: dict) -> str | None:
+    """A warning when the load average says something else is busy, else None."""
+    if machine["load"] < SHARED_LOAD:
+        return None
+    return (
+        f"warning: the load average was {machine['load']:.2f} before the benchmark started: another process is "
+        "busy on this machine, so the numbers are lower and noisier than on a quiet one; compare only configurations "
+        "measured side by side (--compare)"
+    )

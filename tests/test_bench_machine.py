@@ -1,0 +1,95 @@
+"""The benchmark names the machine's case (issue: fast on every CPU): the CPU's units as the CPU reports them, the
+kernels torch picked, whether bf16 products can help, the threads, and a warning when the machine is shared."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from machina import bench
+from machina.speed import machine
+
+AMX_XEON = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile
+"""
+AVX2_EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse sse2 avx avx2 fma bmi2
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    return str(path)
+
+
+def test_an_amx_cpu_is_named_with_its_bf16_units(tmp_path, monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    described = machine.describe(write(tmp_path, AMX_XEON))
+    assert described["cpu"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert described["units"] == ["amx_bf16", "avx512_bf16", "avx512f", "avx2"]
+    assert described["bf16_products"] is True
+    line = machine.summary(described)
+    assert "Platinum 8480+" in line and "amx_bf16 avx512_bf16 avx512f avx2" in line and "on bf16 units" in line
+
+
+def test_an_avx2_only_cpu_is_told_that_bf16_products_do_nothing(tmp_path):
+    described = machine.describe(write(tmp_path, AVX2_EPYC))
+    assert described["units"] == ["avx2"] and described["bf16_products"] is False
+    assert "no speed-up here" in machine.summary(described)
+
+
+def test_onednn_limited_to_avx2_counts_as_no_bf16_units(tmp_path, monkeypatch):
+    # The AVX2-only emulation on a CPU that has the units (BENCHMARKS.md): oneDNN is kept below its bf16 kernels.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert machine.describe(write(tmp_path, AMX_XEON))["bf16_products"] is False
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
+    assert machine.describe(write(tmp_path, AMX_XEON))["bf16_products"] is True
+
+
+def test_a_missing_cpuinfo_still_describes_the_machine(tmp_path):
+    described = machine.describe(str(tmp_path / "absent"))
+    assert described["units"] == [] and described["bf16_products"] is False and described["cpu"]
+    assert described["cores"] >= 1 and described["threads"] == torch.get_num_threads()
+
+
+def test_the_kernels_follow_aten_cpu_capability_in_a_new_process():
+    # ATEN_CPU_CAPABILITY is read when torch loads, so only a fresh process shows it.
+    code = "from machina.speed import machine; print(machine.describe()['kernels'])"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "DEFAULT"
+
+
+def test_a_busy_machine_is_warned_about_and_a_quiet_one_is_not():
+    quiet = {"load": machine.SHARED_LOAD - 0.01}
+    busy = {"load": 1.3}
+    assert machine.shared_warning(quiet) is None
+    warning = machine.shared_warning(busy)
+    assert warning.startswith("warning:") and "1.30" in warning and "--compare" in warning
+
+
+def test_the_bench_prints_the_case_first_and_stores_it_with_each_result(capsys):
+    threads = torch.get_num_threads()
+    try:
+        results = bench.main(["--epochs", "1", "--steps", "4", "--json", "debug=tiny", "system.threads=1"])
+    finally:
+        torch.set_num_threads(threads)
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0].startswith("machine: ")
+    printed = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
+    assert len(printed) == len(results) == 1
+    case = printed[0]["machine"]
+    assert case["threads"] == 1  # as the run's system.threads left them, not the process's default
+    assert set(case) == {"cpu", "units", "kernels", "bf16_products", "threads", "cores", "load"}
+    assert set(case["units"]) <= set(machine.UNITS)
