@@ -17,15 +17,19 @@ import difflib
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra._internal.utils import get_args_parser
+from hydra import compose, version
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path, get_args_parser
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.errors import HydraException
+from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -52,14 +56,19 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
     """Raise ConfigError for an unknown group option, an unknown key or an unwritable run folder in ``argv``; return
     ``argv`` with a single run's folder pinned (``pin_run_folder``).
 
-    Command lines that only ask Hydra for help, or that name another config (``-cn``, ``-cp``, ``-cd``), and
-    overrides Hydra cannot parse are left to Hydra, which reports them before it creates anything.
+    ``config_dir`` is the config folder the program's ``@hydra.main`` names, in the program's folder; a command that
+    names another config (``-cn``/``--config-name``, ``-cp``/``--config-path``, ``-cd``/``--config-dir``, as sweep
+    launchers do) is checked on the config and search path Hydra will use for it (``search_path_of``). Command
+    lines that only ask Hydra for help, overrides Hydra cannot parse and a config folder that does not exist are left
+    to Hydra, which reports them before it creates anything.
     """
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun or args.cfg:
         return argv
-    if args.config_name or args.config_path or args.config_dir:
+    search = search_path_of(Path(config_dir), args.config_path, args.config_dir)
+    if search is None:
         return argv
+    config_name = args.config_name or config_name
     try:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except HydraException:
@@ -67,7 +76,13 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
     if any(o.is_sweep_override() for o in overrides) and not args.multirun:
         return argv  # Hydra explains that a sweep needs --multirun
     register()
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3", job_name="preflight"):
+    with composing(search):
+        if (
+            not GlobalHydra.instance()
+            .config_loader()
+            .repository.config_exists(f"{config_name.removesuffix('.yaml')}.yaml")
+        ):
+            return argv  # Hydra reports a config it cannot find
         # The search path in force: conf/ plus the folders and packages the command line puts on it, where the
         # options of a user's own groups (env=my_env from hydra.searchpath=[pkg://my_lab.conf]) are found.
         searchpath = [o.input_line for o in overrides if o.key_or_group == "hydra.searchpath"]
@@ -82,6 +97,36 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
             check_run_folder(folder_given(overrides, "hydra.sweep.dir") or Path("outputs"), "hydra.sweep.dir")
             return argv
         return pin_run_folder(argv, overrides, config_name)
+
+
+def search_path_of(config_dir: Path, config_path: str | None, extra_dir: str | None) -> ConfigSearchPath | None:
+    """The search path Hydra builds for the command (``hydra._internal.utils._run_hydra``): ``config_path``
+    (``--config-path``: a folder, absolute or relative to the program's, or ``pkg://``) in place of ``config_dir``,
+    ``extra_dir`` (``--config-dir``) in front. None when the ``--config-dir`` folder does not exist (Hydra says so)."""
+    primary = str(config_dir.resolve())
+    if config_path is not None:
+        relative = not (config_path.startswith("pkg://") or os.path.isabs(config_path))
+        primary = os.path.normpath(config_dir.resolve().parent / config_path) if relative else config_path
+    search = create_config_search_path(primary)
+    if extra_dir is not None:
+        folder = os.path.abspath(extra_dir)
+        if not os.path.isdir(folder):
+            return None
+        search.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+    return search
+
+
+@contextmanager
+def composing(search: ConfigSearchPath) -> Iterator[None]:
+    """Hydra's compose API on ``search`` for the block (``initialize_config_dir`` takes one folder only), Hydra's
+    global state as it was afterwards."""
+    backup = get_gh_backup()
+    try:
+        version.setbase("1.3")
+        Hydra.create_main_hydra2(task_name="preflight", config_search_path=search)
+        yield
+    finally:
+        restore_gh_from_backup(backup)
 
 
 def pin_run_folder(argv: list[str], overrides: list[Override], config_name: str) -> list[str]:
