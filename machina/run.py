@@ -105,8 +105,10 @@ def run_locked(
             if checkpoint:
                 log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
             rewinding.apply()  # what the folder holds after this start's epoch moves aside
-            if checkpoint:
-                checkpointer.latest = resume_from if resume_from.exists() else None
+            # What a stop before this start's first checkpoint leaves to resume from: the folder's own checkpoint, or
+            # none when the run started from another folder's (a start in this folder would not resume that one).
+            own = checkpoint and resume_from.parent.resolve() == checkpointer.directory.resolve()
+            checkpointer.latest = resume_from if own and resume_from.exists() else None
             checkpointer.prepare()
             prepare_run_dir(run_dir, resolved)
             sinks.open()

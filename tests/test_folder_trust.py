@@ -77,19 +77,24 @@ def test_a_logger_entry_that_would_double_or_fail_is_refused_before_anything_is_
     assert not folder.exists()
 
 
-@pytest.mark.parametrize("full_at_epoch", [1, 2])
-def test_a_stop_says_what_it_leaves_and_a_rerun_does_it(tmp_path, monkeypatch, full_at_epoch):
-    """The disk fills up as metrics.jsonl takes epoch ``full_at_epoch``'s row (epochs are checkpointed after they
-    are logged). Before the first checkpoint there is nothing to resume from: the stop says so, and a rerun starts
-    the run anew; after it, the stop names the checkpoint, and a rerun resumes from it."""
-    real_write, metrics_path = os.write, str(tmp_path / "metrics.jsonl")
+def fill_the_disk_at(monkeypatch, metrics_path: Path, epoch: int) -> None:
+    """The disk is full when ``metrics_path`` takes epoch ``epoch``'s row (epochs are checkpointed after they are
+    logged, so that epoch is never checkpointed)."""
+    real_write = os.write
 
     def write(fd, data):
-        if os.path.realpath(f"/proc/self/fd/{fd}") == metrics_path and b'"metric/epoch": %d,' % full_at_epoch in data:
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(metrics_path) and b'"metric/epoch": %d,' % epoch in data:
             raise OSError(28, os.strerror(28))
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("full_at_epoch", [1, 2])
+def test_a_stop_says_what_it_leaves_and_a_rerun_does_it(tmp_path, monkeypatch, full_at_epoch):
+    """Before the first checkpoint there is nothing to resume from: the stop says so, and a rerun starts the run
+    anew; after it, the stop names the checkpoint, and a rerun resumes from it."""
+    fill_the_disk_at(monkeypatch, tmp_path / "metrics.jsonl", full_at_epoch)
     code, message = run_reporting(tmp_path, epochs=2)
     monkeypatch.undo()
     assert code == 2 and "No space left on device" in message, message
@@ -102,6 +107,16 @@ def test_a_stop_says_what_it_leaves_and_a_rerun_does_it(tmp_path, monkeypatch, f
         assert f"the last good checkpoint {str(kept)!r} is kept" in message and "resumes from it" in message, message
     run(tmp_path, epochs=2)  # the same folder again: as the message said
     assert [row["metric/epoch"] for row in metrics(tmp_path)] == [1, 2]
+
+
+def test_a_stop_before_the_first_checkpoint_of_a_run_from_another_folder_names_none(tmp_path, monkeypatch):
+    """Started from another folder's checkpoint, the run has none of its own until its first: a start in its folder
+    would not resume the other folder's, so that one is not named as kept."""
+    run(tmp_path / "other", epochs=1)
+    folder = tmp_path / "run"
+    fill_the_disk_at(monkeypatch, folder / "metrics.jsonl", 2)
+    code, message = run_reporting(folder, f"resume={tmp_path}/other/checkpoints/checkpoint_000001.pt", epochs=2)
+    assert code == 2 and "no checkpoint was written" in message and "kept" not in message, message
 
 
 @pytest.mark.slow

@@ -17,19 +17,15 @@ import difflib
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from hydra import compose, version
-from hydra._internal.hydra import Hydra
-from hydra._internal.utils import create_config_search_path, get_args_parser
-from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+from hydra import compose
+from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.errors import HydraException
-from hydra.initialize import get_gh_backup, restore_gh_from_backup
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,6 +33,7 @@ from machina.errors import ConfigError
 from machina.run_folder.run_record import note_missing_folders
 from machina.startup.renamed import renamed
 from machina.startup.resolvers import register
+from machina.startup.search_path import composing, search_path_of
 
 # Sweeps whose values can be listed; interval() and glob() cannot be judged here.
 LISTED_SWEEPS = (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.RANGE_SWEEP)
@@ -97,36 +94,6 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
             check_run_folder(folder_given(overrides, "hydra.sweep.dir") or Path("outputs"), "hydra.sweep.dir")
             return argv
         return pin_run_folder(argv, overrides, config_name)
-
-
-def search_path_of(config_dir: Path, config_path: str | None, extra_dir: str | None) -> ConfigSearchPath | None:
-    """The search path Hydra builds for the command (``hydra._internal.utils._run_hydra``): ``config_path``
-    (``--config-path``: a folder, absolute or relative to the program's, or ``pkg://``) in place of ``config_dir``,
-    ``extra_dir`` (``--config-dir``) in front. None when the ``--config-dir`` folder does not exist (Hydra says so)."""
-    primary = str(config_dir.resolve())
-    if config_path is not None:
-        relative = not (config_path.startswith("pkg://") or os.path.isabs(config_path))
-        primary = os.path.normpath(config_dir.resolve().parent / config_path) if relative else config_path
-    search = create_config_search_path(primary)
-    if extra_dir is not None:
-        folder = os.path.abspath(extra_dir)
-        if not os.path.isdir(folder):
-            return None
-        search.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
-    return search
-
-
-@contextmanager
-def composing(search: ConfigSearchPath) -> Iterator[None]:
-    """Hydra's compose API on ``search`` for the block (``initialize_config_dir`` takes one folder only), Hydra's
-    global state as it was afterwards."""
-    backup = get_gh_backup()
-    try:
-        version.setbase("1.3")
-        Hydra.create_main_hydra2(task_name="preflight", config_search_path=search)
-        yield
-    finally:
-        restore_gh_from_backup(backup)
 
 
 def pin_run_folder(argv: list[str], overrides: list[Override], config_name: str) -> list[str]:
