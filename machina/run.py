@@ -7,9 +7,11 @@ the folder's lock (``machina.run_folder.run_lock``), where the run continues fro
 the checkpoint (its checksum, its structure, and the policy it holds: allow-listed plain data), the parts (each
 constructor checks its own values, and a part too large for memory is refused; the sinks are built, not opened), and
 the restore of the checkpoint into the built trainer.
-Then the command is accepted: Hydra's record (``.hydra/``) and the log are written (``machina.run_folder.run_record``),
-a rewound future is moved aside (``history.rewind``), and resolved_config.yaml, the sinks of the ``logger`` group
-(``machina.logging.sink``: metrics.jsonl, W&B, ...) and the checkpoints follow.
+Every part of the folder a start writes is of the right kind before then (``history.check_parts``, the sinks' own
+paths in ``build_sinks``, the rewind's moves in ``history.plan_rewind``). Then the command is accepted: Hydra's
+record (``.hydra/``) and the log are written (``machina.run_folder.run_record``), a rewound future is moved aside,
+and resolved_config.yaml, the sinks of the ``logger`` group (``machina.logging.sink``: metrics.jsonl, W&B, ...)
+and the checkpoints follow.
 
 Under torchrun every rank runs this; rank 0 chooses the run folder, takes the lock and decides the checkpoint to
 resume from, and every rank uses its decision (or stops with its refusal); rank 0 alone writes the run folder,
@@ -30,6 +32,7 @@ from machina import checks
 from machina.cli import new_folder_command
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
+from machina.files.atomic import atomic_write
 from machina.files.trusted import in_force
 from machina.logging.sink import Sinks
 from machina.run_folder import history, run_record
@@ -66,6 +69,9 @@ def train(cfg: DictConfig, run_dir: Path | None = None) -> float:
 
         def start() -> Path | None:  # rank 0: hold the folder, then decide where the run continues from
             held.enter_context(lock)
+            # Every part of the folder a start writes (its log file included) is of the right kind, or nothing is.
+            written = {**history.parts(run_dir), **dict.fromkeys(run_record.log_files(), "file")}
+            history.check_parts(written)
             return history.decide(cfg.get("resume"), run_dir, new_folder_command(sys.argv, run_dir))
 
         resume_from = distributed.decided_by_main(start)
@@ -93,13 +99,16 @@ def run_locked(
         if checkpoint:
             checkpointer.restore(trainer, checkpoint, resume_from)
         if main:  # accepted: from here on the run folder changes
+            rewinding = history.plan_rewind(run_dir, trainer.epoch)  # checked now, moved once accepted
             run_record.accept(trainer.epoch if checkpoint else None)
             lock.keep()
             if checkpoint:
                 log.info("resumed from %s: epoch %d, agent step %d", resume_from, trainer.epoch, trainer.agent_step)
-            history.rewind(run_dir, trainer.epoch)  # what the folder holds after this start's epoch moves aside
-            if checkpoint:
-                checkpointer.latest = resume_from if resume_from.exists() else None
+            rewinding.apply()  # what the folder holds after this start's epoch moves aside
+            # What a stop before this start's first checkpoint leaves to resume from: the folder's own checkpoint, or
+            # none when the run started from another folder's (a start in this folder would not resume that one).
+            own = checkpoint and resume_from.parent.resolve() == checkpointer.directory.resolve()
+            checkpointer.latest = resume_from if own and resume_from.exists() else None
             checkpointer.prepare()
             prepare_run_dir(run_dir, resolved)
             sinks.open()
@@ -169,7 +178,8 @@ def prepare_run_dir(run_dir: Path, resolved: dict) -> None:
     """Create the run folder and save the resolved config (once a resume is accepted)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+        text = OmegaConf.to_yaml(OmegaConf.create(resolved)).encode("utf-8")
+        atomic_write(run_dir / "resolved_config.yaml", lambda f: f.write(text))
     except OSError as err:
         raise ConfigError(
             f"cannot write to the run folder {str(run_dir)!r} ({err.strerror or err}); choose a writable one with "

@@ -392,7 +392,7 @@ def test_a_checkpoint_called_good_resumes_with_a_finite_loss(tmp_path):
 def test_a_first_checkpoint_that_would_not_be_good_is_not_written(tmp_path):
     code, message = run_reporting(tmp_path, *EXPLODING, epochs=2)
     assert code == 2 and "after epoch 1, the weights give non-finite losses" in message, message
-    assert "no checkpoint exists" in message and not list((tmp_path / "checkpoints").glob("checkpoint_*"))
+    assert "no checkpoint was written" in message and not list((tmp_path / "checkpoints").glob("checkpoint_*"))
 
 
 # ---------------------------------------------------------------------------------- the checkpoints folder

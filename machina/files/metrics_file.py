@@ -79,10 +79,11 @@ def number(row: dict, key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_file(path: Path) -> bytes | None:
+def read_file(path: Path, limit: int | None = None) -> bytes | None:
     """The bytes of the regular file ``path``, None when nothing is there; ConfigError naming the path when
-    something else is (a directory, a FIFO) or it cannot be read (no permission, an I/O error). Also how the other
-    files of a run folder are read (``machina.run_folder.reading``)."""
+    something else is (a directory, a FIFO) or it cannot be read (no permission, an I/O error), or holds more than
+    ``limit`` bytes: counted by reading at most ``limit + 1`` of them, since a sparse file's size costs no disk. Also
+    how the other files of a run folder are read (``machina.run_folder.reading``)."""
     try:
         # O_NONBLOCK: a FIFO in the file's place opens at once (and is refused below) instead of waiting for a writer.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -95,7 +96,10 @@ def read_file(path: Path) -> bytes | None:
         if not stat.S_ISREG(mode):
             raise ConfigError(f"cannot read {path}: it is {'a directory' if stat.S_ISDIR(mode) else 'not a file'}")
         with open(fd, "rb", closefd=False) as file:
-            return file.read()
+            data = file.read() if limit is None else file.read(limit + 1)
+        if limit is not None and len(data) > limit:
+            raise ConfigError(f"cannot read {path}: it holds more than {limit:,} bytes, more than such a file holds")
+        return data
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
     finally:

@@ -12,8 +12,13 @@ steps, each before anything the next one allocates:
    (a tensor is rebuilt from a storage of the file, never constructed from a size);
 3. the loaded data: dicts (string or integer keys), lists, tuples, None, bools, ints, floats, strings, and dense
    strided CPU tensors of those dtypes that claim no more bytes than their storage holds; at most ``MAX_DEPTH``
-   levels deep, and in all at most as many values and tensor bytes as the file has bytes (a value the pickle's memo
-   shares many times would otherwise be walked, and hashed, once per reference).
+   levels deep, at most as many values as the pickle has bytes (each value is an opcode of it, unless the pickle's
+   memo shares it, and a shared one would be walked, and hashed, once per reference), and at most as many tensor
+   bytes as the file has.
+
+What a read costs is bounded by bytes read: the pickle is read whole (the values walked: at most its length), and
+every tensor byte is a byte of the file (at most its size, ``st_size``). A sparse file's holes are bytes that read as
+zeros: they count in full, so a file costs at most what its size says, whatever it takes on disk.
 
 Machina's own files pass all three: they are dicts of plain values and of tensors that own their storage.
 """
@@ -74,7 +79,8 @@ def load(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"{where} {'is not a regular file' if os.path.lexists(path) else 'does not exist'}")
     size = path.stat().st_size
-    _check_pickle(_pickle_bytes(path, size, where), where)
+    pickled = _pickle_bytes(path, size, where)
+    _check_pickle(pickled, where)
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling errors come in many types; all mean "not loadable"
@@ -82,7 +88,7 @@ def load(path: Path) -> Any:
             f"{where} cannot be loaded safely ({type(err).__name__}: {' '.join(str(err).split())[:200]}); it is "
             "truncated, not a machina checkpoint, or carries pickled objects, which are refused"
         ) from None
-    _check_plain(data, size, where)
+    _check_plain(data, len(pickled), size, where)
     return data
 
 
@@ -197,17 +203,18 @@ def _starts(arguments: Any, pattern: tuple) -> bool:
     )
 
 
-def _check_plain(data: Any, size: int, where: str) -> None:
+def _check_plain(data: Any, pickle_size: int, size: int, where: str) -> None:
     """Walk ``data`` (with its own stack: no recursion) and refuse the first value the module docstring does not
-    allow, naming its entry."""
+    allow, naming its entry: more values than ``pickle_size`` (the pickle's bytes) or more tensor bytes than ``size``
+    (the file's) included."""
     pending: list[tuple[Any, str, int]] = [(data, "", 0)]
     values = tensor_bytes = 0
     while pending:
         value, name, depth = pending.pop()
         entry = name or "its data"
         values += 1
-        if values > size:
-            raise ConfigError(f"{where}: its data holds more values than the file has bytes (at {entry})")
+        if values > pickle_size:
+            raise ConfigError(f"{where}: its data holds more values than its pickle has bytes (at {entry})")
         if depth > MAX_DEPTH:
             raise ConfigError(f"{where}: {entry} is nested more than {MAX_DEPTH} levels deep")
         if isinstance(value, torch.Tensor):

@@ -24,7 +24,7 @@ from pathlib import Path
 from machina.errors import ConfigError, TrainingStopped
 from machina.files import metrics_file
 from machina.files.atomic import atomic_write
-from machina.logging.sink import RunInfo, Sink
+from machina.logging.sink import Kind, RunInfo, Sink
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ class CsvSink(Sink):
         )
         return cls(run.dir / NAME, rows)
 
+    @classmethod
+    def writes(cls, run: RunInfo) -> dict[Path, Kind]:
+        return {run.dir / NAME: "file"}
+
     def log(self, metrics: dict[str, float]) -> None:
         self.rows.append(dict(metrics))
         try:
@@ -69,10 +73,7 @@ class CsvSink(Sink):
                 with self.path.open("ab") as f:
                     f.write(self._encode([metrics]))
         except OSError as err:
-            raise TrainingStopped(
-                f"could not write {self.path} ({err.strerror or err}); training stopped and the last checkpoint is "
-                "kept: rerunning the same command resumes from it"
-            ) from None
+            raise TrainingStopped(f"could not write {self.path} ({err.strerror or err}); training stopped") from None
 
     def _widen(self, row: dict) -> bool:
         """Add ``row``'s new names to the header; whether there were any."""

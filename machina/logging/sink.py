@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,18 @@ class RunInfo:
     job_type: str | None = None
 
 
+# What a sink writes in the run folder: a file it writes or appends to, or a folder it writes in.
+Kind = Literal["file", "folder"]
+
+
 class Sink:
-    """Where per-epoch metrics go. ``log`` is the one method a sink must have; the others do nothing by default.
+    """Where per-epoch metrics go. ``log`` is the one method a sink must have (a ``logger`` entry whose class has
+    none of its own, ``Sink`` itself included, is refused at start-up); the others do nothing by default.
 
     Built by ``for_run`` once the run is accepted (a sink may write when it is built); every call comes from rank 0
     only, in this order: ``log`` once per epoch (a replay's ``log_media`` comes just before its epoch's ``log``),
-    then ``summarize`` once, then ``close`` once.
+    then ``summarize`` once, then ``close`` once. What it will write in the run folder it declares in ``writes``:
+    checked at start-up, before anything is written.
     """
 
     @classmethod
@@ -43,6 +49,13 @@ class Sink:
         """The sink of ``run`` with the settings of its ``logger.<name>`` node. The default passes the settings to
         the constructor; a sink that writes into the run folder or names the run overrides this."""
         return cls(**settings)
+
+    @classmethod
+    def writes(cls, run: RunInfo, **settings) -> dict[Path, Kind]:
+        """The paths the sink of ``run`` (with the settings of its ``logger.<name>`` node) will write, each a
+        ``"file"`` or a ``"folder"``. Before the run is accepted each must be absent or of that kind and writable, and
+        no two sinks may name one path (two ``metrics.jsonl`` sinks would write every row twice). The default: none."""
+        return {}
 
     def log(self, metrics: dict[str, float]) -> None:
         """One epoch's metrics: a flat ``{name: number}`` with at least ``metric/agent_step`` and ``metric/epoch``

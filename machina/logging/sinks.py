@@ -11,7 +11,7 @@ from pathlib import Path
 
 from machina.errors import ConfigError, TrainingStopped
 from machina.files import metrics_file
-from machina.logging.sink import RunInfo, Sink
+from machina.logging.sink import Kind, RunInfo, Sink
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,10 @@ class JsonlSink(Sink):
     def for_run(cls, run: RunInfo) -> "JsonlSink":
         return cls(run.dir / metrics_file.NAME)
 
+    @classmethod
+    def writes(cls, run: RunInfo) -> dict[Path, Kind]:
+        return {run.dir / metrics_file.NAME: "file"}
+
     def log(self, metrics: dict[str, float]) -> None:
         line = metrics_file.encode_row(metrics)
         self._write(b"\n" + line if self._mid_line else line)
@@ -59,10 +63,7 @@ class JsonlSink(Sink):
         except OSError as err:
             if written:  # part of the row is in the file: it ends inside a line unless the part was the newline
                 self._mid_line = data[written - 1 : written] != b"\n"
-            raise TrainingStopped(
-                f"could not write {self.path} ({err.strerror or err}); training stopped and the last checkpoint is "
-                "kept: rerunning the same command resumes from it"
-            ) from None
+            raise TrainingStopped(f"could not write {self.path} ({err.strerror or err}); training stopped") from None
         self._mid_line = False
 
     def close(self, error: BaseException | None = None) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from machina.errors import ConfigError, Interrupted, TrainingStopped
-from machina.logging.sink import RunInfo, Sink
+from machina.logging.sink import Kind, RunInfo, Sink
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,11 @@ class WandbSink(Sink):
             tags=[*run.tags, *tags],
             run_id=run.id,
         )
+
+    @classmethod
+    def writes(cls, run: RunInfo, mode: str, **settings) -> dict[Path, Kind]:
+        """W&B's folder ``run.dir/wandb``, unless ``mode`` is ``disabled`` (W&B writes nothing then)."""
+        return {} if mode == "disabled" else {run.dir / "wandb": "folder"}
 
     def log(self, metrics: dict[str, float]) -> None:
         if self.run is None:

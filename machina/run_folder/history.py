@@ -12,18 +12,24 @@ the rows of ``metrics.jsonl`` and ``replays/replay_<epoch>.gif``. It is append-o
 - Whatever the folder holds after the epoch a start continues from (the epochs of an abandoned future, rows of epochs
   trained after the last checkpoint, a torn last row) is moved, never deleted, to a new folder
   ``rewound/after_epoch_<E>_<time>[_<n>]/`` once the start is accepted, and the log says where (``rewind``).
+- An archived future goes on in a new folder: ``resume=`` one of its checkpoints with another ``hydra.run.dir``
+  (the refusal of ``resume=`` it in its own folder prints that command). Its rows up to the rewind stay in the old
+  folder's metrics.jsonl, the later ones in the archive's.
 """
 
 import logging
 import os
 import re
+import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from machina.errors import ConfigError
 from machina.files import metrics_file
-from machina.files.atomic import atomic_write
+from machina.files.atomic import atomic_write, replace, sync_folder
+from machina.logging.sink import Kind
 from machina.training.checkpoint import checkpoints, named_checkpoint, numbered
 
 log = logging.getLogger(__name__)
@@ -68,7 +74,6 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
 
     ``resume``: the ``resume=`` setting (a checkpoint file, a run folder or its checkpoints/ folder, or None).
     ``new_folder_command``: the command that starts the same run in a new folder, for the refusal messages."""
-    check_writable(Path(run_dir))
     history = History.read(run_dir)
     if resume is None:
         if history.checkpoints:
@@ -86,6 +91,14 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
         return None
     source = named_checkpoint("resume", resume)
     own = (Path(run_dir) / "checkpoints").resolve()
+    archived = archive_of(source, Path(run_dir))
+    if archived and history.summary():
+        raise ConfigError(
+            f"resume={str(source)!r} is a checkpoint of a future this run folder abandoned, archived in "
+            f"{str(archived)!r} by a rewind; the folder goes on from the run's present, and continuing the archived "
+            f"future here would mix the two: continue it in a new folder: {new_folder_command} (its rows up to the "
+            f"rewind are this folder's {metrics_file.NAME}, the later ones the archive's)"
+        )
     if source.resolve().parent != own and history.summary():
         raise ConfigError(
             f"resume={str(source)!r} is another run's checkpoint and the run folder {str(run_dir)!r} already holds a "
@@ -95,68 +108,133 @@ def decide(resume: str | None, run_dir: Path, new_folder_command: str) -> Path |
     return source
 
 
-# What a run writes in its folder: folders, and files it appends to or replaces.
-FOLDERS = ("checkpoints", "replays", ".hydra", "wandb")
-FILES = (metrics_file.NAME, "resolved_config.yaml", "train.log")
+def archive_of(path: Path, run_dir: Path) -> Path | None:
+    """The archive of ``run_dir``'s ``rewound/`` that holds ``path``, or None when it is not in one."""
+    rewound = (run_dir / REWOUND).resolve()
+    inside = path.resolve().relative_to(rewound).parts if path.resolve().is_relative_to(rewound) else ()
+    return run_dir / REWOUND / inside[0] if len(inside) > 1 else None
 
 
-def check_writable(run_dir: Path) -> None:
-    """Refuse, before anything is written, a run folder whose parts the run will write are not of the right kind or
-    not writable (a file named checkpoints, a read-only metrics.jsonl): found later, the run would stop half set up."""
-    for name in ("", *FOLDERS, *FILES):
-        path = run_dir / name
+# What every start writes in its run folder, besides what its sinks declare (``Sink.writes``: metrics.csv, W&B's
+# folder) and its log file: the folder itself and the folders it writes in, the files it writes or appends to. The
+# lock file is checked by ``machina.run_folder.run_lock`` as it opens it.
+PARTS: dict[str, Kind] = {
+    "": "folder",
+    "checkpoints": "folder",
+    "replays": "folder",
+    ".hydra": "folder",
+    REWOUND: "folder",
+    metrics_file.NAME: "file",
+    "resolved_config.yaml": "file",
+}
+
+
+def parts(run_dir: Path) -> dict[Path, Kind]:
+    """``PARTS`` as paths in ``run_dir``."""
+    return {Path(run_dir) / name: kind for name, kind in PARTS.items()}
+
+
+def check_parts(paths: Mapping[Path, Kind]) -> None:
+    """Refuse, before anything is written, a path a start will write that is there but not of its ``Kind`` or not
+    writable: found later, the run would stop half set up. A folder may be a link to a folder (a disk elsewhere); a
+    file must be a regular file and not a link, since writing through a link would change a file outside the run
+    folder (a run folder from elsewhere naming the user's own files)."""
+    for path, kind in paths.items():
         if not os.path.lexists(path):
             continue
-        folder = name in ("", *FOLDERS)
-        if path.is_dir() != folder:
+        fits = path.is_dir() if kind == "folder" else path.is_file() and not path.is_symlink()
+        if not fits:
             raise ConfigError(
-                f"{str(path)!r} is not a {'folder' if folder else 'regular file'}, as a run writes it; move it away or "
-                "choose another run folder with hydra.run.dir=PATH"
+                f"{str(path)!r} is not a {'folder' if kind == 'folder' else 'regular file'}, as a run writes it (it is "
+                f"{what(path)}); move it away or choose another run folder with hydra.run.dir=PATH"
             )
-        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+        if not os.access(path, os.W_OK | (os.X_OK if kind == "folder" else 0)):
             raise ConfigError(
                 f"{str(path)!r} is not writable; make it writable or choose another with hydra.run.dir=PATH"
             )
 
 
-def rewind(run_dir: Path, epoch: int) -> Path | None:
-    """Move everything ``run_dir`` holds after ``epoch`` (files of later epochs, metrics rows of later epochs and
-    lines that are not rows) to ``rewound/after_epoch_<epoch>_<time>/``, keeping their names, and log what moved
-    where. Returns that folder, or None when nothing was after ``epoch``. Called once a start from ``epoch`` has
-    been accepted; writes the moved rows first, so a kill in between leaves them in both places, never in none."""
+def what(path: Path) -> str:
+    """What is at ``path``, in words."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return "a link" if path.exists() else "a broken link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file (a FIFO, socket or device)"
+
+
+@dataclass
+class Rewind:
+    """What a start from ``epoch`` moves aside (``rewind``): ``files`` of later epochs, and the ``later`` lines of
+    metrics.jsonl, from a ``history`` read once the folder was locked."""
+
+    run_dir: Path
+    epoch: int
+    history: History
+    files: list[Path]
+    later: list[metrics_file.Line]
+
+    def apply(self) -> Path | None:
+        """Move it to a new ``rewound/after_epoch_<epoch>_<time>/``, keeping the names, and log what moved where.
+        Returns that folder, or None when nothing was after ``epoch``. Writes the moved rows first, so a kill in
+        between leaves them in both places, never in none; every rename is synced (``machina.files.atomic``)."""
+        files, later, run_dir = self.files, self.later, Path(self.run_dir)
+        if not (files or later):
+            return None
+        archive = new_archive(run_dir / REWOUND, self.epoch)
+        if later:
+            moved = "".join(f"{line.text}\n" for line in later).encode("utf-8")
+            atomic_write(archive / metrics_file.NAME, lambda f: f.write(moved))
+            moved_numbers = {line.number for line in later}
+            kept = "".join(f"{line.text}\n" for line in self.history.lines if line.number not in moved_numbers)
+            kept = kept.encode("utf-8")
+            atomic_write(run_dir / metrics_file.NAME, lambda f: f.write(kept))
+        for path in files:
+            target = archive / path.parent.name / path.name
+            target.parent.mkdir(exist_ok=True)
+            replace(path, target)
+        sync_folder(archive)
+        torn = [line for line in later if line.row is None]
+        log.warning(
+            "starting from epoch %d: what the folder held after it (%s) is moved to %s; nothing was deleted",
+            self.epoch,
+            ", ".join(
+                part
+                for part in (
+                    f"{len(later) - len(torn)} {metrics_file.NAME} rows" if len(later) > len(torn) else "",
+                    f"{len(torn)} unreadable {metrics_file.NAME} lines ({torn[0].problem})" if torn else "",
+                    ", ".join(p.name for p in files[:4]) + (" ..." if len(files) > 4 else ""),
+                )
+                if part
+            ),
+            archive,
+        )
+        return archive
+
+
+def plan_rewind(run_dir: Path, epoch: int) -> Rewind:
+    """What a start from ``epoch`` will move aside once it is accepted, checked now: the files move by renaming, so
+    ``rewound/`` must be on the file system of the folders they leave (a link to another disk cannot take them)."""
     history = History.read(run_dir)
     files = [p for e, p in history.checkpoints + history.policies + history.replays if e > epoch]
     later = [line for line in history.lines if line.row is None or row_epoch(line.row) > epoch]
-    if not (files or later):
-        return None
-    archive = new_archive(Path(run_dir) / REWOUND, epoch)
-    if later:
-        moved = "".join(f"{line.text}\n" for line in later).encode("utf-8")
-        atomic_write(archive / metrics_file.NAME, lambda f: f.write(moved))
-        moved_numbers = {line.number for line in later}
-        kept = "".join(f"{line.text}\n" for line in history.lines if line.number not in moved_numbers)
-        kept = kept.encode("utf-8")
-        atomic_write(Path(run_dir) / metrics_file.NAME, lambda f: f.write(kept))
-    for path in files:
-        target = archive / path.parent.name / path.name
-        target.parent.mkdir(exist_ok=True)
-        os.replace(path, target)
-    torn = [line for line in later if line.row is None]
-    log.warning(
-        "starting from epoch %d: what the folder held after it (%s) is moved to %s; nothing was deleted",
-        epoch,
-        ", ".join(
-            part
-            for part in (
-                f"{len(later) - len(torn)} {metrics_file.NAME} rows" if len(later) > len(torn) else "",
-                f"{len(torn)} unreadable {metrics_file.NAME} lines ({torn[0].problem})" if torn else "",
-                ", ".join(p.name for p in files[:4]) + (" ..." if len(files) > 4 else ""),
+    rewound = Path(run_dir) / REWOUND
+    device = os.stat(rewound if rewound.exists() else run_dir).st_dev
+    for folder in sorted({path.parent for path in files}):
+        if os.stat(folder).st_dev != device:
+            raise ConfigError(
+                f"starting from epoch {epoch} moves the later epochs of {str(folder)!r} to {str(rewound)!r}, which "
+                "is on another file system (a rename cannot move them); make rewound/ a folder of the run folder's "
+                "file system, or start in a new folder with hydra.run.dir=PATH"
             )
-            if part
-        ),
-        archive,
-    )
-    return archive
+    return Rewind(Path(run_dir), epoch, history, files, later)
+
+
+def rewind(run_dir: Path, epoch: int) -> Path | None:
+    """Move everything ``run_dir`` holds after ``epoch`` (files of later epochs, metrics rows of later epochs and
+    lines that are not rows) to ``rewound/after_epoch_<epoch>_<time>/`` (``plan_rewind``, then ``Rewind.apply``)."""
+    return plan_rewind(run_dir, epoch).apply()
 
 
 def new_archive(rewound: Path, epoch: int) -> Path:
@@ -170,9 +248,12 @@ def new_archive(rewound: Path, epoch: int) -> Path:
         archive = rewound / (stem if number == 1 else f"{stem}_{number}")
         try:
             archive.mkdir()
-            return archive
         except FileExistsError:
             number += 1
+            continue
+        for folder in (rewound, rewound.parent):  # the new names, so the moves into them survive a power loss
+            sync_folder(folder)
+        return archive
 
 
 def row_epoch(row: dict) -> float:

@@ -33,6 +33,10 @@ CONFIG = ".hydra/config.yaml"
 HYDRA = ".hydra/hydra.yaml"
 OVERRIDES = ".hydra/overrides.yaml"
 RESOLVED = "resolved_config.yaml"
+# A config file's bytes: a machina run's resolved_config.yaml holds about 10 KB. Read with this bound (counted by
+# reading: a sparse file claims any size for free); the files that grow with the run (metrics.jsonl, train.log) cost
+# what they hold, their holes counted as the zeros they read as.
+MAX_DOCUMENT = 16 << 20
 STEP, SPS, REWARD, EPOCH_TIME = "metric/agent_step", "overview/sps", "overview/reward", "timing/epoch"
 
 
@@ -194,7 +198,7 @@ def read_document(path: Path, name: str, default: dict | list, damage: list[str]
     not YAML or holds something else. ``stored_config.parse_yaml`` reads Hydra's files as plain YAML:
     interpolations stay strings, no resolver is needed, and no tag in a hostile file builds an object."""
     try:
-        data = read_file(path / name)
+        data = read_file(path / name, MAX_DOCUMENT)
         document = default if data is None else parse_yaml(data, name)
     except ConfigError as err:
         damage.append(str(err))

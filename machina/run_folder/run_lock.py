@@ -14,6 +14,7 @@ locked, and opens the path anew when it does not.
 import fcntl
 import os
 import socket
+import stat
 from pathlib import Path
 
 from machina.errors import ConfigError
@@ -57,17 +58,33 @@ class RunLock:
         return self
 
     def _open(self) -> tuple[bool, int]:
-        """Whether the lock file was there, and a descriptor of it (made when it was not)."""
+        """Whether the lock file was there, and a descriptor of it (made when it was not). Only a regular file is
+        used: a link is not followed (the PID line would overwrite the file it names) and a FIFO is not waited on."""
+        # No O_TRUNC: the line stays readable. O_NOFOLLOW: a link fails (ELOOP); O_NONBLOCK: a FIFO opens at once.
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+        fd = None
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            existed = self.path.exists()
-            return existed, os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the line stays readable
+            existed = os.path.lexists(self.path)
+            fd = os.open(self.path, flags, 0o644)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return existed, fd
+            problem = f"{str(self.path)!r} is not a regular file"
         except OSError as err:
-            remove_empty(self.made)
-            raise ConfigError(
-                f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable or "
-                "choose another with hydra.run.dir=PATH"
-            ) from None
+            if not (os.path.lexists(self.path) and not stat.S_ISREG(os.lstat(self.path).st_mode)):
+                remove_empty(self.made)
+                raise ConfigError(
+                    f"cannot write to the run folder {str(self.run_dir)!r} ({err.strerror or err}); make it writable "
+                    "or choose another with hydra.run.dir=PATH"
+                ) from None
+            problem = f"{str(self.path)!r} is {'a link' if os.path.islink(self.path) else 'not a regular file'}"
+        if fd is not None:
+            os.close(fd)
+        remove_empty(self.made)
+        raise ConfigError(
+            f"{problem}, not the lock file a run makes; move it away or choose another run folder "
+            "with hydra.run.dir=PATH"
+        )
 
     def _names(self, fd: int) -> bool:
         """Whether the lock file's path still names the file open as ``fd``."""

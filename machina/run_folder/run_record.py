@@ -18,6 +18,7 @@ folder keeps its record and log (the sweep's comparison lists the job as failed,
 
 import logging
 import logging.handlers
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,7 +108,7 @@ def write_record(folder: Path, cfg: DictConfig, resumed_epoch: int | None) -> No
     if target.exists():
         base = target / f"resume_{resumed_epoch or 0:06d}"
         target, n = base, 1
-        while target.exists():
+        while os.path.lexists(target):  # a broken link takes the name as much as a folder
             n += 1
             target = base.with_name(f"{base.name}_{n}")
     target.mkdir(parents=True)
@@ -141,6 +142,12 @@ def accept(resumed_epoch: int | None = None) -> None:
     (a test calling ``machina.run.train`` directly) nothing is held and this does nothing."""
     if _current is not None:
         _current.accept(resumed_epoch)
+
+
+def log_files() -> list[Path]:
+    """The log files the current command writes once it is accepted (Hydra's ``<job>.log``); none outside
+    ``deferred``."""
+    return [Path(handler.baseFilename) for handler in _current.files] if _current is not None else []
 
 
 def not_writing(folder: Path) -> None:

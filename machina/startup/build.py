@@ -35,6 +35,7 @@ from machina.logging.identity import run_identity
 from machina.logging.sink import RunInfo, Sink, Sinks
 from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
+from machina.run_folder.history import check_parts
 from machina.startup.system import System
 from machina.training import distributed
 from machina.training.execution import Execution
@@ -191,14 +192,21 @@ def build_trainer(cfg: DictConfig, parts: Parts, **extra):
 
 def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> Sinks:
     """The sinks of the ``logger`` group (``logger.<name>``: a ``_target_``, a ``machina.logging.sink.Sink``
-    subclass, and its settings), built by ``Sink.for_run`` when ``Sinks.open`` runs (once the run is accepted). A
-    target that is not a sink, or a setting it does not take, is refused here, before anything is written."""
+    subclass, and its settings), built by ``Sink.for_run`` when ``Sinks.open`` runs (once the run is accepted). Refused
+    here, before anything is written: a target that is not a sink or is abstract (``Sink`` itself), a setting it does
+    not take, a path it writes (``Sink.writes``) that is of the wrong kind, and two sinks that write one path (every
+    row would be written twice)."""
     run = RunInfo(run_dir, run_id, resolved, **run_identity(cfg))
-    openers = []
+    openers, writers = [], {}
     for name, node in (cfg.get("logger") or {}).items():
         settings = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
         target = settings.pop("_target_", None)
         sink_class = named_class(f"logger.{name}._target_", target, Sink, "a sink")
+        if sink_class.log is Sink.log:
+            raise ConfigError(
+                f"logger.{name}._target_={target} has no log method of its own (it would fail at the first epoch); "
+                "name a sink class that implements log"
+            )
         try:  # the settings go to for_run, or to the constructor when the class keeps Sink's for_run
             if sink_class.for_run.__func__ is Sink.for_run.__func__:
                 inspect.signature(sink_class).bind(**settings)
@@ -206,6 +214,15 @@ def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> 
                 inspect.signature(sink_class.for_run).bind(run, **settings)
         except TypeError as err:
             raise ConfigError(f"logger.{name} ({target}): {err}") from None
+        written = sink_class.writes(run, **settings)
+        for path in written:
+            if path in writers:
+                raise ConfigError(
+                    f"logger.{writers[path]} and logger.{name} both write {path}: every row would be written twice; "
+                    "keep one of them in the logger list"
+                )
+            writers[path] = name
+        check_parts(written)
         openers.append(partial(sink_class.for_run, run, **settings))
     return Sinks(openers)
 

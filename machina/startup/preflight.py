@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.object_type import ObjectType
@@ -33,6 +33,7 @@ from machina.errors import ConfigError
 from machina.run_folder.run_record import note_missing_folders
 from machina.startup.renamed import renamed
 from machina.startup.resolvers import register
+from machina.startup.search_path import composing, search_path_of
 
 # Sweeps whose values can be listed; interval() and glob() cannot be judged here.
 LISTED_SWEEPS = (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.RANGE_SWEEP)
@@ -52,14 +53,19 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
     """Raise ConfigError for an unknown group option, an unknown key or an unwritable run folder in ``argv``; return
     ``argv`` with a single run's folder pinned (``pin_run_folder``).
 
-    Command lines that only ask Hydra for help, or that name another config (``-cn``, ``-cp``, ``-cd``), and
-    overrides Hydra cannot parse are left to Hydra, which reports them before it creates anything.
+    ``config_dir`` is the config folder the program's ``@hydra.main`` names, in the program's folder; a command that
+    names another config (``-cn``/``--config-name``, ``-cp``/``--config-path``, ``-cd``/``--config-dir``, as sweep
+    launchers do) is checked on the config and search path Hydra will use for it (``search_path_of``). Command
+    lines that only ask Hydra for help, overrides Hydra cannot parse and a config folder that does not exist are left
+    to Hydra, which reports them before it creates anything.
     """
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun or args.cfg:
         return argv
-    if args.config_name or args.config_path or args.config_dir:
+    search = search_path_of(Path(config_dir), args.config_path, args.config_dir)
+    if search is None:
         return argv
+    config_name = args.config_name or config_name
     try:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except HydraException:
@@ -67,7 +73,13 @@ def check(argv: list[str], config_dir: Path, config_name: str = "config") -> lis
     if any(o.is_sweep_override() for o in overrides) and not args.multirun:
         return argv  # Hydra explains that a sweep needs --multirun
     register()
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3", job_name="preflight"):
+    with composing(search):
+        if (
+            not GlobalHydra.instance()
+            .config_loader()
+            .repository.config_exists(f"{config_name.removesuffix('.yaml')}.yaml")
+        ):
+            return argv  # Hydra reports a config it cannot find
         # The search path in force: conf/ plus the folders and packages the command line puts on it, where the
         # options of a user's own groups (env=my_env from hydra.searchpath=[pkg://my_lab.conf]) are found.
         searchpath = [o.input_line for o in overrides if o.key_or_group == "hydra.searchpath"]

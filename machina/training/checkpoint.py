@@ -117,7 +117,7 @@ class Checkpointer:
         if distributed.agree_max(int(bool(problems))):
             raise TrainingStopped(
                 f"after epoch {epoch}, {'; '.join(problems) or 'another rank reports a state not good to resume'}: "
-                f"checkpoint {str(path)!r} is not written and {self._kept()}; lower optimizer.lr, the loss's "
+                f"checkpoint {str(path)!r} is not written; {self.after_stop()}; lower optimizer.lr, the loss's "
                 "coefficients or learner.max_grad_norm"
             )
         ranks = distributed.gather_to_main({**local, "rng": capture_rng()})
@@ -139,8 +139,8 @@ class Checkpointer:
         except OSError as err:
             reason = one_line(err.strerror or err)
             raise TrainingStopped(
-                f"cannot write checkpoint {str(path)!r} ({reason}); free disk space or make the folder writable, "
-                f"then rerun the same command to resume ({self._kept()})"
+                f"cannot write checkpoint {str(path)!r} ({reason}); free disk space or make the folder writable: "
+                f"{self.after_stop()}"
             ) from None
         self.latest = path
         older = [p for number, p in checkpoints(self.directory) if number <= epoch]
@@ -200,8 +200,13 @@ class Checkpointer:
         for change in config_diff(data["config"], self.config, ""):
             log.warning("resuming %s with a changed setting: %s", source.name, change)
 
-    def _kept(self) -> str:
-        return f"the last good checkpoint {str(self.latest)!r} is kept" if self.latest else "no checkpoint exists"
+    def after_stop(self) -> str:
+        """What a stop leaves, in words for its message: the checkpoint a start with the same run folder continues
+        from, or that there is none and such a start begins the run anew (its rows are moved aside then)."""
+        again = "a start with the same run folder (hydra.run.dir)"
+        if self.latest:
+            return f"the last good checkpoint {str(self.latest)!r} is kept: {again} resumes from it"
+        return f"no checkpoint was written: {again} starts the run anew"
 
 
 def load_checkpoint(path: str | Path, trusted: Trusted | None = None) -> dict[str, Any]:

@@ -61,7 +61,7 @@ class Trainer:
     logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses to write
     state that a part reports as not good: ``problems``). SIGINT (Ctrl-C) or SIGTERM (preemption) lets the
     current epoch finish, checkpoints it and raises ``Interrupted``; a second SIGINT abandons the epoch at once (the
-    last checkpoint is kept) and a second SIGTERM kills the process.
+    last checkpoint, if any, is kept) and a second SIGTERM kills the process.
     """
 
     def __init__(
@@ -182,8 +182,7 @@ class Trainer:
                     self._check_finite(metrics)
                     metrics.update(self._evaluate())
                     epoch_start = time.perf_counter()  # evaluation is timed apart: it costs no training SPS
-                    for sink in self.sinks:
-                        sink.log(metrics)
+                    self._log(metrics)
                     self.history.append({key: metrics[key] for key in SUMMARY_KEYS})
                     # A signal may reach the ranks in different epochs: all of them stop after the same one.
                     signum = distributed.agree_max(stop.signum)
@@ -191,8 +190,7 @@ class Trainer:
                         saved_epoch = self._save()
                     if signum and self.agent_step < self.total_timesteps:
                         raise Interrupted(
-                            f"stopped by {signal.Signals(signum).name} after epoch {self.epoch}; "
-                            f"{self._kept()}; a start with the same run folder (hydra.run.dir) resumes from it",
+                            f"stopped by {signal.Signals(signum).name} after epoch {self.epoch}; {self._after_stop()}",
                             signum,
                         )
                 if saved_epoch != self.epoch:
@@ -202,14 +200,11 @@ class Trainer:
                 # whose episodes are lost, starts new ones on resume), so nothing trained is lost.
                 if saved_epoch != self.epoch:
                     self._save()
-                raise EnvFailed(
-                    f"{err}; stopped in epoch {self.epoch + 1}: {self._kept()}, a start with the same run folder "
-                    "(hydra.run.dir) resumes from it"
-                ) from None
+                raise EnvFailed(f"{err}; stopped in epoch {self.epoch + 1}: {self._after_stop()}") from None
             except KeyboardInterrupt:
                 raise Interrupted(
                     f"interrupted twice at agent step {self.agent_step}: the unfinished epoch is not checkpointed; "
-                    f"{self._kept()}",
+                    f"{self._after_stop()}",
                     signal.SIGINT,
                 ) from None
         return summarize(self.history)
@@ -265,9 +260,20 @@ class Trainer:
                 self.checkpointer.save(state, local, produced, problems, self.keep_checkpoints)
         return self.epoch
 
-    def _kept(self) -> str:
-        latest = self.checkpointer.latest if self.checkpointer else None
-        return f"the last good checkpoint is {str(latest)!r}" if latest else "no checkpoint was written"
+    def _log(self, metrics: dict[str, float]) -> None:
+        """Give each sink the epoch's row; a sink that cannot write stops training, and its message gets what the
+        stop leaves (a sink does not know whether a checkpoint was written)."""
+        try:
+            for sink in self.sinks:
+                sink.log(metrics)
+        except TrainingStopped as err:
+            raise TrainingStopped(f"{err}; {self._after_stop()}") from None
+
+    def _after_stop(self) -> str:
+        """What a stop leaves, in words: the checkpoint a start with the same run folder resumes from, or none."""
+        if self.checkpointer is None:
+            return "no checkpoint was written (this trainer has no checkpointer)"
+        return self.checkpointer.after_stop()
 
     def epoch_metrics(self, steps: int, seconds: float, sps_cumulative: float) -> dict[str, float]:
         """The epoch's metrics, from its one host read of every device metric (and the stopwatch's phases).
@@ -313,12 +319,12 @@ class Trainer:
             raise TrainingStopped(
                 f"non-finite loss at epoch {self.epoch} (agent step {self.agent_step}): "
                 + ", ".join(f"{k}={metrics[k]}" for k in bad)
-                + f"; the epoch was not checkpointed and {self._kept()}; lower optimizer.lr, the loss's "
+                + f"; the epoch was not checkpointed; {self._after_stop()}; lower optimizer.lr, the loss's "
                 "coefficients or learner.max_grad_norm"
             )
         if not params_finite:
             raise TrainingStopped(
                 f"non-finite policy parameters after epoch {self.epoch} (agent step {self.agent_step}): the epoch was "
-                f"not logged or checkpointed and {self._kept()}; lower optimizer.lr, the loss's coefficients or "
+                f"not logged or checkpointed; {self._after_stop()}; lower optimizer.lr, the loss's coefficients or "
                 "learner.max_grad_norm"
             )
