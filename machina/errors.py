@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 
 class TrainingStopped(RuntimeError):
-    """Training stopped cleanly (a NaN loss, an interrupt); the stop names the checkpoint a rerun continues from, if any."""
+    """Training stopped cleanly (a NaN loss, an interrupt); the stop names the checkpoint a rerun continues from."""
 
 
 class Interrupted(TrainingStopped):
