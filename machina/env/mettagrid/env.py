@@ -211,13 +211,33 @@ class MettaGridEnv(Env, Resumable, Grouped):
         return self.tally.latest(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Episode counters and stat sums. MettaGrid's C++ state is not saved: a restored env starts new episodes
-        with the seeds that follow the saved ones."""
-        return {"episode": self.host["episode"].clone(), "totals": torch.from_numpy(self.tally.totals.copy())}
+        """Episode counters and stat sums, and the game itself: ``game`` its content as uint8 UTF-8 bytes
+        (``game_file.canonical``) and ``game_sha256`` its digest, uint8 [32] (read back by ``kept_game``).
+        MettaGrid's C++ state is not saved: a restored env starts new episodes with the seeds that follow the saved
+        ones."""
+        text = self.game_text.encode()
+        return {
+            "episode": self.host["episode"].clone(),
+            "totals": torch.from_numpy(self.tally.totals.copy()),
+            "game": torch.frombuffer(bytearray(text), dtype=torch.uint8),
+            "game_sha256": torch.frombuffer(bytearray(hashlib.sha256(text).digest()), dtype=torch.uint8),
+        }
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``), once
-        checked (``episode_tally.check_counters``)."""
+        """Restore a ``state_dict`` of an env built with the same settings and the same game (new episodes, see
+        ``state_dict``), once checked (``episode_tally.check_counters``; ``kept_game``: ConfigError when the game
+        differs from the one the state was saved with). A state saved before runs kept their game (no ``game``
+        entry) is taken with a warning: there is no game to compare with."""
+        kept = kept_game(d)
+        if kept is None:
+            log.warning("the checkpoint keeps no copy of its game (an older machina wrote it): env.game=%s is taken "
+                        "as the run's from now on", self.game)  # fmt: skip
+        elif kept != self.game_text:
+            raise ConfigError(
+                f"env.game={self.game}: not the game this run trained on (its checkpoint keeps that game, sha256 "
+                f"{game_file.digest(kept)[:12]}; this one is {game_file.digest(self.game_text)[:12]}); restore that "
+                "game, or start a new run in another folder"
+            )
         episode, totals = check_counters(
             d, "episode", self.num_envs, len(self.tally.totals), self.commands.MAX_EPISODES
         )
@@ -291,15 +311,15 @@ def kept_game(state: Mapping[str, Any]) -> str | None:
     size = found.numel() if isinstance(found, torch.Tensor) and found.dim() == 1 else 0
     text = saved_state.tensor(state, "game", (size,), torch.uint8)
     if not 0 < size <= KEPT_GAME_BYTES:
-        raise ConfigError(f"env state: game holds {size:,} bytes, not 1..{KEPT_GAME_BYTES:,}")
+        raise ConfigError(f"game holds {size:,} bytes, not 1..{KEPT_GAME_BYTES:,}")
     digest = saved_state.tensor(state, "game_sha256", (32,), torch.uint8)
     content = bytes(text.numpy().tobytes())
     if hashlib.sha256(content).digest() != bytes(digest.numpy().tobytes()):
-        raise ConfigError("env state: game does not match its game_sha256 (the kept game was changed)")
+        raise ConfigError("game does not match its game_sha256 (the kept game was changed)")
     try:
         return content.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError("env state: game is not UTF-8 text") from None
+        raise ConfigError("game is not UTF-8 text") from None
 
 
 def usable_cores() -> int:
