@@ -5,14 +5,12 @@ seed trains the same numbers with one worker or two."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from machina.run import train
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import ROOT, compose_config, run_train
+from tests.conftest import compose_config, run_train
 from tests.test_checkpoint import reporting
 from tests.test_eval import run_eval
 from tests.test_mettagrid_workers import alive
