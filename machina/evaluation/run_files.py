@@ -3,6 +3,7 @@
 A run folder may come from elsewhere, so what its files say is bounded by what this machine and this command can do:
 
 - ``env.workers`` (processes): at most this machine's usable cores (``bound_settings`` lowers it, with one line);
+- ``env.max_steps``: at most the steps an evaluation plays (``STEP_LIMIT``; more is refused before an env is built);
 - a MettaGrid run's game is the one it trained on, kept in its training checkpoints (``MettaGridEnv.state_dict``:
   the game's content and its sha256), not whatever its ``env.game`` path holds today (``use_kept_game``). A run that
   kept none (written before games were kept) is evaluated on a shipped game it names; a file path it names is not
@@ -18,6 +19,7 @@ from typing import Any
 from machina.env.mettagrid import game_file
 from machina.env.mettagrid.env import kept_game, usable_cores
 from machina.errors import ConfigError
+from machina.evaluation.evaluator import STEP_LIMIT
 from machina.files.saved_state import within
 from machina.policy.io import read_checkpoint_file
 from machina.training.checkpoint import latest_checkpoint, run_folder_of
@@ -29,7 +31,14 @@ METTAGRID = "machina.env.mettagrid.MettaGridEnv"
 
 def bound_settings(settings: dict[str, Any], given: list[str], where: str) -> None:
     """Lower, in place and with one line each, the settings the run's files (``where``) give beyond this machine:
-    ``workers`` above its usable cores. ``given``: the env keys the command line set itself (left as they are)."""
+    ``workers`` above its usable cores; refuse a ``max_steps`` beyond the steps an evaluation plays (ConfigError).
+    ``given``: the env keys the command line set itself (left as they are)."""
+    steps = settings.get("max_steps")
+    if "max_steps" not in given and isinstance(steps, int) and steps > STEP_LIMIT:
+        raise ConfigError(
+            f"{where}: env.max_steps={steps}: an evaluation plays at most {STEP_LIMIT:,} steps, and these episodes "
+            f"are longer; give env.max_steps=N (at most {STEP_LIMIT:,})"
+        )
     workers, cores = settings.get("workers"), usable_cores()
     if "workers" not in given and isinstance(workers, int) and not isinstance(workers, bool) and workers > cores:
         settings["workers"] = "auto"

@@ -7,6 +7,7 @@ descriptor, after every link was followed, so a name swapped between a check and
 reads only a regular file, at most ``limit`` bytes of it.
 """
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -37,7 +38,13 @@ def read_regular(path: Path, limit: int, source: str, what: str = "such a file")
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise
-    except OSError as err:
+    except OSError as err:  # a socket cannot be opened (ENXIO): say what the name is, where it can be told
+        with contextlib.suppress(OSError):
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                raise ConfigError(
+                    f"{source}: is {kind(mode)}, not a regular file; only regular files are read"
+                ) from None
         raise ConfigError(f"{source}: cannot be read ({err.strerror or err})") from None
     try:
         mode = os.fstat(fd).st_mode
