@@ -63,6 +63,7 @@ def trained(tmp_path_factory):
     return run_dir, game
 
 
+@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_a_fifo_named_as_a_game_is_refused_at_once_by_train_py_and_eval_py(tmp_path, trained):
     fifo = tmp_path / "game.yaml"
     os.mkfifo(fifo)  # open() for reading would wait for a writer that never comes
@@ -134,6 +135,7 @@ def test_a_game_too_large_to_allocate_names_its_own_field(change, setting, tmp_p
     assert str(err.value).startswith(f"env.game={path}: {setting} ")
 
 
+@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_a_game_of_20000_agents_stops_train_py_in_one_line_before_anything_is_written(tmp_path):
     path = tmp_path / "crowd.json"
     path.write_text(json.dumps(arena_with(num_agents=20_000, map_builder__agents=20_000)))
@@ -155,6 +157,7 @@ def test_a_credentials_file_named_as_a_game_is_refused_without_a_word_of_it(tmp_
     assert SECRET not in str(err.value) and "game.num_agents" in str(err.value)
 
 
+@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_a_run_is_evaluated_on_its_own_game_when_the_file_changes_and_resumes_only_on_it(tmp_path, trained):
     run_dir, game = trained
     args = [f"checkpoint={run_dir}", "episodes=2", "replay=false"]
@@ -177,6 +180,7 @@ def test_a_run_is_evaluated_on_its_own_game_when_the_file_changes_and_resumes_on
         game.write_text(original)
 
 
+@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_eval_reads_no_game_file_a_run_folder_names_without_a_kept_copy(tmp_path, trained):
     run_dir, _ = trained
     creds = tmp_path / "credentials.yaml"
@@ -195,6 +199,7 @@ def test_eval_reads_no_game_file_a_run_folder_names_without_a_kept_copy(tmp_path
     assert "the run kept no copy of its game" in done.stdout + done.stderr and not out.exists()
 
 
+@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_eval_bounds_what_a_run_folder_asks_of_this_machine(tmp_path, trained):
     run_dir, _ = trained
     folder = tmp_path / "greedy_run"
