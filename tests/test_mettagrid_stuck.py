@@ -1,15 +1,20 @@
-"""Nothing hangs, and every seed works: a MettaGrid worker alive but not answering (stopped by SIGSTOP, as a
-debugger stops it) ends the step with EnvFailed naming it, long before the 600 s reply timeout of a start; engine
-seeds fit MettaGrid's range for every seed, env and episode machina accepts, and depend only on those three."""
+"""Nothing hangs, nothing stays, and every seed works: a MettaGrid worker alive but not answering (stopped by
+SIGSTOP, as a debugger stops it) ends the step with EnvFailed naming it, long before the 600 s reply timeout of a
+start; a killed training process leaves no ``pymp-*`` folder; engine seeds fit MettaGrid's range for every seed, env
+and episode machina accepts, and depend only on those three."""
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from machina import keys
 from machina.errors import EnvFailed
+from tests.conftest import ROOT
 from tests.test_mettagrid_workers import deadline
 
 pytest.importorskip("mettagrid")
@@ -82,3 +87,25 @@ def test_seed_5000_builds_the_env_that_overflowed_before():
         assert env.step(torch.zeros(env.num_agents, dtype=torch.int64))[keys.OBS].shape[0] == env.num_agents
     finally:
         env.close()
+
+
+@pytest.mark.slow  # a train.py subprocess
+def test_a_killed_training_process_leaves_no_multiprocessing_folder(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = [sys.executable, str(ROOT / "train.py"), "env=mettagrid_arena", "debug=tiny", "env.num_envs=4",
+               "env.workers=1", "policy=fast", "system.compile=false", "wandb=disabled",
+               "trainer.total_timesteps=100000000", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    environment = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(command, cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    with deadline(300):
+        for line in proc.stdout:  # the workers step once the first epoch is logged
+            if "epoch     1" in line:
+                break
+        assert [p.name for p in temp.iterdir() if p.name.startswith("pymp-")], "the forkserver's folder is made"
+        proc.kill()
+        proc.wait()
+        while any(p.name.startswith("pymp-") for p in temp.iterdir()):  # the forkserver exits once the trainer is gone
+            time.sleep(0.1)
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("pymp-")]

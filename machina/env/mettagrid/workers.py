@@ -6,8 +6,9 @@ in the order sent, so two groups can be in flight at once).
 Workers share the batch arrays through one ``multiprocessing`` ``RawArray`` mapped by every process (nothing is
 pickled per step: a command is two bytes through a ``Pipe``). Worker w steps a contiguous part of EACH group's
 envs, so every worker is busy whichever group steps. Workers are started by forkserver (spawn where there is no
-forkserver), never forked from a process whose torch threads may be running. A worker that dies or whose engine
-raised makes ``finish`` raise ``EnvFailed`` (``multiprocessing.connection.wait`` on the pipes and the processes'
+forkserver), never forked from a process whose torch threads may be running; the forkserver removes its
+temporary folder when it exits, so a killed trainer leaves no ``pymp-*`` folder behind. A worker that dies or whose
+engine raised makes ``finish`` raise ``EnvFailed`` (``multiprocessing.connection.wait`` on the pipes and the processes'
 sentinels, in slices of ``POLL_S``); so does a worker alive but not answering: one stopped (SIGSTOP, a debugger:
 its state in ``/proc``) within about ``STOPPED_S``, one that runs on without answering (a livelock) once a step
 takes ``STEP_FLOOR_S`` plus ``STEP_FACTOR`` times the slowest step answered so far, or once any other command takes
@@ -15,13 +16,17 @@ takes ``STEP_FLOOR_S`` plus ``STEP_FACTOR`` times the slowest step answered so f
 at garbage collection and interpreter exit) stops and joins them.
 """
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing
+import os
+import shutil
 import signal
 import time
 import weakref
 from collections import deque
+from multiprocessing import forkserver
 from multiprocessing.connection import wait
 
 from machina.env.mettagrid import sims
@@ -200,15 +205,29 @@ def worker_count(workers: int | str, envs_per_group: int, cores: int) -> int:
     return min(wanted, envs_per_group)
 
 
+def remove_listener_folder() -> None:
+    """At the exit of the forkserver (which imports this module first, ``context``): remove the temporary folder
+    (``pymp-*``) that holds its listening socket. The trainer's process removes it when it exits normally; when it is
+    killed, the forkserver, which exits as soon as the trainer is gone, is the one left to do it. Elsewhere (no
+    forkserver address, or not in a ``pymp-`` folder) nothing is removed."""
+    address = getattr(forkserver._forkserver, "_forkserver_address", None)
+    if isinstance(address, str) and os.path.basename(os.path.dirname(address)).startswith("pymp-"):
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
+
+
+atexit.register(remove_listener_folder)
+
+
 def context():
-    """The multiprocessing context workers start from: forkserver where there is one (a server process imports the
-    stepping core once, then forks each worker from itself, never from the trainer), else spawn."""
+    """The multiprocessing context workers start from: forkserver where there is one (a server process imports this
+    module and the stepping core once, then forks each worker from itself, never from the trainer; it removes its
+    temporary folder when it exits: ``remove_listener_folder``), else spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     # "__main__" (the default) has the server import the main module once; Pythons without the fix of CPython issue
     # 126631 (3.13.8 and later have it) ignore it, so each worker imports the main module itself (train.py: torch).
-    ctx.set_forkserver_preload(["__main__", "machina.env.mettagrid.sims"])
+    ctx.set_forkserver_preload(["__main__", "machina.env.mettagrid.workers"])
     return ctx
 
 
