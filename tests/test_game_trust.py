@@ -12,13 +12,15 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from machina.errors import ConfigError
 from tests.conftest import ROOT, run_train
+from tests.test_mettagrid_workers import deadline
 
 pytest.importorskip("mettagrid")
 
-from machina.env.mettagrid import game_file  # noqa: E402 (needs the extra)
+from machina.env.mettagrid import MettaGridEnv, game_file  # noqa: E402 (needs the extra)
 from machina.env.mettagrid.game import arena_config, render_game, write_game  # noqa: E402
 from machina.env.mettagrid.game_file import read_game  # noqa: E402
 
@@ -74,6 +76,14 @@ def test_a_fifo_named_as_a_game_is_refused_at_once_by_train_py_and_eval_py(tmp_p
     out = tmp_path / "eval"
     done = eval_py([f"checkpoint={trained[0]}", f"+env.game={fifo}", "replay=false", f"hydra.run.dir={out}"], tmp_path)
     assert refused(done, "is a FIFO (named pipe), not a regular file") and not out.exists()
+
+
+def test_a_fifo_named_as_a_game_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "game.yaml"
+    os.mkfifo(fifo)
+    with deadline(30), pytest.raises(ConfigError) as err:  # a hang guard: open() for reading would wait forever
+        read_game(str(fifo))
+    assert str(err.value) == f"env.game={fifo}: is a FIFO (named pipe), not a regular file; only regular files are read"
 
 
 def make_socket(path):
@@ -217,3 +227,26 @@ def test_eval_bounds_what_a_run_folder_asks_of_this_machine(tmp_path, trained):
     done = eval_py([f"checkpoint={folder}", "episodes=2", "replay=false", f"hydra.run.dir={out}"], tmp_path)
     assert done.returncode == 2 and not out.exists()
     assert refused(done, f"env.max_steps={10**12}: an evaluation plays at most 100,000 steps")
+
+
+def test_the_env_state_keeps_the_game_and_refuses_another_or_a_tampered_one(tmp_path):
+    path = write_game(arena_config(agents_per_env=2), tmp_path / "one.yaml")
+    other = write_game(arena_config(agents_per_env=2, mines=1), tmp_path / "two.json")
+    env = MettaGridEnv(game=str(path), num_envs=2, max_steps=5)
+    state = env.state_dict()
+    env.close()
+    kept = bytes(state["game"].numpy().tobytes()).decode()
+    as_json = MettaGridEnv(game=str(write_game(arena_config(agents_per_env=2), tmp_path / "one.json")), num_envs=2)
+    assert torch.equal(as_json.state_dict()["game"], state["game"])  # the same game, whatever its file's format
+    as_json.close()
+    again = MettaGridEnv(game=str(path), num_envs=2, max_steps=5, kept_game=kept)  # the copy, the file unread
+    again.load_state_dict(state)
+    again.close()
+    changed = MettaGridEnv(game=str(other), num_envs=2, max_steps=5)
+    with pytest.raises(ConfigError, match=rf"^env.game={other}: not the game this run trained on"):
+        changed.load_state_dict(state)
+    tampered = {**state, "game": state["game"].clone()}
+    tampered["game"][10] ^= 1
+    with pytest.raises(ConfigError, match="game does not match its game_sha256"):
+        changed.load_state_dict(tampered)
+    changed.close()
