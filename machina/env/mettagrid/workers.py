@@ -208,13 +208,21 @@ def worker_count(workers: int | str, envs_per_group: int, cores: int) -> int:
 def remove_listener_folder() -> None:
     """At the exit of the forkserver (which imports this module first, ``context``): remove the temporary folder
     (``pymp-*``) that holds its listening socket. The trainer's process removes it when it exits normally; when it is
-    killed, the forkserver, which exits as soon as the trainer is gone, is the one left to do it. Elsewhere (no
-    forkserver address, or not in a ``pymp-`` folder) nothing is removed."""
-    address = getattr(forkserver._forkserver, "_forkserver_address", None)
-    if isinstance(address, str) and os.path.basename(os.path.dirname(address)).startswith("pymp-"):
+    killed, the forkserver, which exits as soon as the trainer is gone, is the one left to do it. Nothing is done in
+    any other process: the trainer (which knows the server's pid) or a worker forked from the server."""
+    server = forkserver._forkserver
+    address = getattr(server, "_forkserver_address", None)
+    if (
+        os.getpid() != IMPORTED_BY
+        or getattr(server, "_forkserver_pid", None) is not None
+        or not isinstance(address, str)
+    ):
+        return
+    if os.path.basename(os.path.dirname(address)).startswith("pymp-"):
         shutil.rmtree(os.path.dirname(address), ignore_errors=True)
 
 
+IMPORTED_BY = os.getpid()  # a worker forked from the server inherits the exit handler, not this pid
 atexit.register(remove_listener_folder)
 
 
