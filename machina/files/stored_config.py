@@ -36,9 +36,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
     the module docstring)."""
     try:
         data = read_regular(path, MAX_BYTES, str(path), "a stored config")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: cannot be read (no such file)") from None
-    return plain_mapping(parse_yaml(data, str(path)), str(path))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot be read (not UTF-8 text)") from None
+    return plain_mapping(parse_yaml(text, str(path)), str(path))
 
 
 def parse_yaml(text: str | bytes, source: str) -> Any:
