@@ -20,7 +20,7 @@ place: a map builder's or a map-generation scene's ``type`` field is a class pat
    at most ``MAX_AGENTS`` agents, ``MAX_TOKENS`` tokens and ``MAX_MAP_CELLS`` map cells).
 
 What it costs is bounded by what real games hold: the shipped arena is 18 KB and parses in about 0.01 s; a file at
-``MAX_BYTES`` (512 KiB) of the smallest YAML nodes parses in well under a second (the 4 MiB bound before it took
+``MAX_BYTES`` (512 KiB) of the smallest YAML nodes parses in about a second (the 4 MiB bound before it took
 minutes and about 1 GB).
 
 Every refusal is one ``ConfigError`` line naming the file and the entry; it quotes no value read from the file (a
