@@ -34,6 +34,7 @@ from machina.env.factory import check_env_settings, env_factory, imported_module
 from machina.errors import ConfigError
 from machina.evaluation.evaluator import Evaluator
 from machina.evaluation.gif import save_gif
+from machina.evaluation.run_files import bound_settings, use_kept_game
 from machina.files.atomic import atomic_write
 from machina.files.stored_config import plain_mapping, read_yaml
 from machina.files.trusted import Trusted, in_force
@@ -171,7 +172,8 @@ def env_settings(
     overrides) when the command line picks ``env=<name>`` or the run's settings cannot be found.
 
     A Gymnasium env id naming a module (``my_pkg.envs:MyEnv-v0``) makes Gymnasium import it: from the run's settings
-    it is refused, unless the command line gives ``env.id`` itself."""
+    it is refused, unless the command line gives ``env.id`` itself. What else the run's files give is bounded and a
+    MettaGrid run's game is the one it kept (``machina.evaluation.run_files``)."""
     given = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
     env_keys = [k.removeprefix("env.") for k in given if k.startswith("env.")]
     # eval's own config (conf/ and this command line), not a file: the user's interpolations are theirs to resolve.
@@ -189,8 +191,11 @@ def env_settings(
             "eval.py runs no code named in a file; if you trust that module, give the id on the command line: "
             f"+env.id={settings['id']}"
         )
+    bound_settings(settings, env_keys, where)
+    game = use_kept_game(settings, env_keys, path, where)
     changed = f", changed on the command line: {', '.join(env_keys)}" if env_keys else ""
-    return settings, f"the run's env settings ({where}){changed}", where, "_target_" in env_keys
+    on_game = f", on {game}" if game else ""
+    return settings, f"the run's env settings ({where}){changed}{on_game}", where, "_target_" in env_keys
 
 
 def run_env(path: Path, trusted: Trusted) -> tuple[dict[str, Any], str] | None:

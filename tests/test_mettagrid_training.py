@@ -5,14 +5,12 @@ seed trains the same numbers with one worker or two."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from machina.run import train
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import ROOT, compose_config, run_train
+from tests.conftest import compose_config, run_train
 from tests.test_checkpoint import reporting
 from tests.test_eval import run_eval
 from tests.test_mettagrid_workers import alive
@@ -98,19 +96,20 @@ def test_the_same_seed_trains_the_same_numbers_with_one_worker_or_two(tmp_path):
     assert len(one) == 2 and one == two
 
 
-def test_a_run_on_a_game_file_is_evaluated_on_that_game_and_a_game_file_that_is_gone_is_named(tmp_path):
+def test_a_run_on_a_game_file_is_evaluated_on_that_game_even_once_the_file_is_gone(tmp_path):
     game = write_game(arena_config(agents_per_env=2, mines=6), tmp_path / "my_arena.yaml")
     run_dir = tmp_path / "run"
     run(run_dir, f"env.game={game}", "env.workers=1", epochs=1)
-    done = run_eval([f"checkpoint={run_dir}", "episodes=4", "replay=false"], cwd=tmp_path)  # MettaGrid does not draw
+    args = [f"checkpoint={run_dir}", "episodes=4", "replay=false"]  # MettaGrid does not draw
+    done = run_eval([*args, f"hydra.run.dir={tmp_path / 'eval1'}"], cwd=tmp_path)
     table = done.stdout + done.stderr
     assert "hearts_made" in table and "resources_gathered" in table and "policy" in table and "random" in table
+    assert "the game it kept (sha256" in table
 
-    game.unlink()
-    eval_py = [sys.executable, str(ROOT / "eval.py"), f"checkpoint={run_dir}", "episodes=4", "replay=false"]
-    gone = subprocess.run(eval_py, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert gone.returncode == 2
-    assert f"env.game={game}" in gone.stdout + gone.stderr
+    game.unlink()  # the run keeps its game: the same evaluation, the same numbers
+    gone = run_eval([*args, f"hydra.run.dir={tmp_path / 'eval2'}"], cwd=tmp_path)
+    first, second = (json.loads((tmp_path / name / "eval.json").read_text()) for name in ("eval1", "eval2"))
+    assert gone.returncode == 0 and first["policy"] == second["policy"] and first["random"] == second["random"]
 
 
 def test_a_refused_game_file_stops_train_py_before_anything_is_written(tmp_path):

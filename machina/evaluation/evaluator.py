@@ -59,6 +59,13 @@ class Evaluator:
         with closing(make_env(num_envs=1, seed=seed, stagger=False)) as probe:
             self.spec: EnvSpec = probe.spec
             self.device = probe.device
+            episode = getattr(probe, "max_steps", None)  # an episode's length, where the env tells it
+        if isinstance(episode, int) and not 0 < episode <= step_limit:
+            why = "have no time limit" if episode <= 0 else "are longer"
+            raise ConfigError(
+                f"env.max_steps={episode}: an evaluation plays at most {step_limit:,} steps, and its episodes {why}; "
+                f"give env.max_steps=N (at most {step_limit:,})"
+            )
 
     def env(self, num_envs: int | None = None, outputs: frozenset[str] = frozenset()) -> Env:
         """A fresh env on the evaluation layouts (``num_envs`` defaults to ``episodes``) returning the optional

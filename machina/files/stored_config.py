@@ -22,19 +22,25 @@ from typing import Any
 import yaml
 
 from machina.errors import ConfigError
+from machina.files.bounded import read_regular
 
 PLAIN = (str, int, float, bool, type(None))
+MAX_BYTES = 4 * 1024 * 1024  # a resolved config is a few KB, a game's map included well under 1 MB
 MAX_DEPTH = 32  # nesting levels; a machina config has about 5, and a deeper walk could exhaust the stack
 WHAT = "a stored config is data: plain values only, never resolved or instantiated"
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping of plain values the YAML file ``path`` holds; ConfigError if it cannot be read, is not YAML, is
-    not a mapping, or holds anything but plain values (see the module docstring)."""
+    """The mapping of plain values the YAML file ``path`` holds; ConfigError if it is missing, not a regular file (a
+    FIFO is never waited on), over ``MAX_BYTES``, not YAML, not a mapping, or holds anything but plain values (see
+    the module docstring)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        data = read_regular(path, MAX_BYTES, str(path), "a stored config")
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cannot be read (no such file)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot be read (not UTF-8 text)") from None
     return plain_mapping(parse_yaml(text, str(path)), str(path))
 
 

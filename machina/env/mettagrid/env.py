@@ -21,9 +21,12 @@ global tokens (episode progress, last reward), which MettaGrid marks with locati
 of the window, where the agent's own inventory tokens are too, so every location lies inside the window.
 """
 
+import hashlib
+import logging
 import os
 from collections import deque
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,10 +35,15 @@ from tensordict import TensorDict
 from machina import keys
 from machina.env.base import Env, Grouped, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
+from machina.env.mettagrid import game_file
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError, EnvFailed
+from machina.files import saved_state
+
+log = logging.getLogger(__name__)
 
 BASE_STATS = ("episodes", "return", "length")
+KEPT_GAME_BYTES = 4 * game_file.MAX_BYTES  # a kept game is compact JSON of a file of at most MAX_BYTES
 INSTALL_HINT = "env=mettagrid needs the mettagrid extra: pip install -e '.[mettagrid]'"
 
 
@@ -46,7 +54,10 @@ class MettaGridEnv(Env, Resumable, Grouped):
     length; a number overrides it, as ``debug=tiny`` does), ``workers`` (0: step in this process; N:
     N worker processes, at most one per env of a group; ``auto``: one per core but one), ``overlap`` (two groups
     stepped apart through ``send`` / ``recv``; needs workers; an odd ``num_envs`` steps as one group), ``stats``
-    (episode stat name -> MettaGrid agent stat, summed over an env's agents when its episode ends). ``outputs``
+    (episode stat name -> MettaGrid agent stat, summed over an env's agents when its episode ends), ``kept_game``
+    (the game's content as a run keeps it, ``game_file.canonical``: eval.py passes a run's own, so that the run is
+    evaluated on the game it trained on whatever the file ``game`` names today; ``game`` then only names it).
+    ``outputs``
     is taken for the common constructor signature; this env declares no optional outputs. ``stagger`` False plays
     whole first episodes (evaluation).
 
@@ -65,6 +76,7 @@ class MettaGridEnv(Env, Resumable, Grouped):
         overlap: bool = False,
         stats: Mapping[str, str] | None = None,
         max_steps: int | None = None,
+        kept_game: str | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         outputs: Collection[str] = frozenset(),
@@ -75,11 +87,10 @@ class MettaGridEnv(Env, Resumable, Grouped):
             from machina.env.mettagrid import workers as worker_processes
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
-        from machina.env.mettagrid import game_file
-
         stats = dict(stats or {})
         check_settings(num_envs, workers, overlap, stats, max_steps)
-        cfg = game_file.read_game(game)
+        cfg, self.game_text = game_file.load_game(game, kept_game)
+        self.game = game
         if max_steps is not None:
             cfg.game.max_steps = max_steps
         self.device = torch.device(device)
@@ -96,7 +107,6 @@ class MettaGridEnv(Env, Resumable, Grouped):
         # Two equal groups of whole envs; an odd count (a replay's one env, say) steps as one group.
         self.groups = 2 if overlap and num_envs % 2 == 0 else 1
         self.tally = EpisodeTally((*BASE_STATS, *stats), num_envs)
-        self.seed_stride = sims.SEED_STRIDE
 
         layout = sims.batch_layout(n, max_tokens, num_envs, len(stats))
         size = sims.buffer_size(layout)
@@ -120,7 +130,11 @@ class MettaGridEnv(Env, Resumable, Grouped):
         ]
         self.everyone = slice(0, n)
         self.in_flight: deque[int] = deque()  # groups sent and not yet received, oldest first
-        self._run(self.commands.START_ALL, "reset")
+        try:
+            self._run(self.commands.START_ALL, "reset")
+        except EnvFailed as err:  # the game passed every check but the engine cannot build it (or a worker died)
+            self.close()
+            raise ConfigError(f"env.game={game}: MettaGrid cannot start the game: {err}") from None
 
     @property
     def worker_pids(self) -> tuple[int, ...]:
@@ -197,14 +211,36 @@ class MettaGridEnv(Env, Resumable, Grouped):
         return self.tally.latest(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Episode counters and stat sums. MettaGrid's C++ state is not saved: a restored env starts new episodes
-        with the seeds that follow the saved ones."""
-        return {"episode": self.host["episode"].clone(), "totals": torch.from_numpy(self.tally.totals.copy())}
+        """Episode counters and stat sums, and the game itself: ``game`` its content as uint8 UTF-8 bytes
+        (``game_file.canonical``) and ``game_sha256`` its digest, uint8 [32] (read back by ``kept_game``).
+        MettaGrid's C++ state is not saved: a restored env starts new episodes with the seeds that follow the saved
+        ones."""
+        text = self.game_text.encode()
+        return {
+            "episode": self.host["episode"].clone(),
+            "totals": torch.from_numpy(self.tally.totals.copy()),
+            "game": torch.frombuffer(bytearray(text), dtype=torch.uint8),
+            "game_sha256": torch.frombuffer(bytearray(hashlib.sha256(text).digest()), dtype=torch.uint8),
+        }
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        """Restore a ``state_dict`` of an env built with the same settings (new episodes, see ``state_dict``), once
-        checked (``episode_tally.check_counters``)."""
-        episode, totals = check_counters(d, "episode", self.num_envs, len(self.tally.totals), self.seed_stride)
+        """Restore a ``state_dict`` of an env built with the same settings and the same game (new episodes, see
+        ``state_dict``), once checked (``episode_tally.check_counters``; ``kept_game``: ConfigError when the game
+        differs from the one the state was saved with). A state saved before runs kept their game (no ``game``
+        entry) is taken with a warning: there is no game to compare with."""
+        kept = kept_game(d)
+        if kept is None:
+            log.warning("the checkpoint keeps no copy of its game (an older machina wrote it): env.game=%s is taken "
+                        "as the run's from now on", self.game)  # fmt: skip
+        elif kept != self.game_text:
+            raise ConfigError(
+                f"env.game={self.game}: not the game this run trained on (its checkpoint keeps that game, sha256 "
+                f"{game_file.digest(kept)[:12]}; this one is {game_file.digest(self.game_text)[:12]}); restore that "
+                "game, or start a new run in another folder"
+            )
+        episode, totals = check_counters(
+            d, "episode", self.num_envs, len(self.tally.totals), self.commands.MAX_EPISODES
+        )
         self.arrays["episode"][:] = episode.numpy()
         self._run(self.commands.RESTART, "load_state_dict")
         self.tally.totals[:] = totals.numpy()
@@ -264,6 +300,26 @@ class MettaGridEnv(Env, Resumable, Grouped):
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=True)
+
+
+def kept_game(state: Mapping[str, Any]) -> str | None:
+    """The game content a MettaGrid env's saved ``state`` keeps (``MettaGridEnv.state_dict``), checked against its
+    digest; None for a state saved before games were kept. ConfigError naming the entry for a damaged one."""
+    if "game" not in state:
+        return None
+    found = state["game"]
+    size = found.numel() if isinstance(found, torch.Tensor) and found.dim() == 1 else 0
+    text = saved_state.tensor(state, "game", (size,), torch.uint8)
+    if not 0 < size <= KEPT_GAME_BYTES:
+        raise ConfigError(f"game holds {size:,} bytes, not 1..{KEPT_GAME_BYTES:,}")
+    digest = saved_state.tensor(state, "game_sha256", (32,), torch.uint8)
+    content = bytes(text.numpy().tobytes())
+    if hashlib.sha256(content).digest() != bytes(digest.numpy().tobytes()):
+        raise ConfigError("game does not match its game_sha256 (the kept game was changed)")
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("game is not UTF-8 text") from None
 
 
 def usable_cores() -> int:

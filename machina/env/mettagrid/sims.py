@@ -12,7 +12,8 @@ step), ``ended_stats`` float64 [E, 2 + K] (that episode's per-agent mean return,
 summed over its agents), ``episode`` int64 (episodes started: the next seed's offset).
 
 An env's numbers depend only on the seed, its index and the actions, never on which process or range steps it:
-its seeds are ``(seed * E + e) * SEED_STRIDE + episode`` (map and engine), and the staggered first episodes
+its seeds are ``episode_seed(seed, e, episode)`` (map and engine: a mix of the three numbers into MettaGrid's
+range, whatever the seed, the env count or the episode count), and the staggered first episodes
 (random maps only: a builder with a ``seed`` field) end at step ``permutation(E)[e] % max_steps + 1`` of the
 permutation drawn from ``seed``.
 """
@@ -25,12 +26,32 @@ from mettagrid.simulator.simulator import Buffers, Simulation
 from machina.errors import one_line
 
 GLOBAL_LOCATION = 0xFE  # MettaGrid's location byte for non-spatial tokens
-SEED_STRIDE = 1_000_000  # map / simulation seeds of env e are base_e + episode, base_e = (seed * E + e) * stride
+SEED_RANGE = 2**31 - 1  # engine and map seeds are in [0, SEED_RANGE): MettaGrid's C++ takes a 32-bit seed
+MAX_EPISODES = 2**62  # episodes one env may start (its saved counter is checked against it)
+MASK64 = 2**64 - 1
 # Commands a worker takes, one byte each, followed by a group byte: step a group, start every env afresh (reset),
 # start new episodes from the episode counters (a restored env), quit.
 STEP, START_ALL, RESTART, QUIT = b"s", b"a", b"r", b"q"
 ALL_GROUPS = 255  # the group byte that stands for every group (``step`` of the whole batch)
 ENGINE_OUTCOMES = ("rewards", "terminals", "truncations")  # copied to ``step_<name>`` after each step
+
+
+def mix64(x: int) -> int:
+    """SplitMix64's finaliser (Steele, Lea and Flood, 2014): a bijection of 64-bit integers whose every output bit
+    depends on every input bit."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def episode_seed(seed: int, env: int, episode: int) -> int:
+    """The map and engine seed of episode ``episode`` (0, 1, ...) of env ``env`` in a run seeded ``seed``: the three
+    numbers mixed in turn (``mix64(mix64(mix64(seed) ^ env) ^ episode)``) and reduced to ``[0, SEED_RANGE)``. It
+    depends on nothing else (not the env count, not the worker that steps the env), fits MettaGrid's range for every
+    seed machina accepts (0..2**32-1) and every env and episode count, and two (seed, env, episode) triples share a
+    seed only by chance (about one pair in 2**31)."""
+    return mix64(mix64(mix64(seed) ^ env) ^ episode) % SEED_RANGE
 
 
 def batch_layout(num_agents: int, max_tokens: int, num_envs: int, num_stats: int) -> dict[str, tuple]:
@@ -176,7 +197,7 @@ class Sims:
             self.sims[i].close()
         e = self.envs.start + i
         episode = self.arrays["episode"]
-        seed = (self.seed * self.num_envs + e) * SEED_STRIDE + int(episode[e])
+        seed = episode_seed(self.seed, e, int(episode[e]))
         if self.seeded:
             self.cfg.game.map_builder.seed = seed  # read once, while the Simulation builds its map
         self.sims[i] = Simulation(self.cfg, seed=seed, buffers=self.buffers[i])
