@@ -13,18 +13,13 @@ and a warning when the load average says another process is busy.
 
 import sys
 
-from machina.speed import env, machine, mettagrid, overhead, policy, training
+from machina.speed import env, mettagrid, overhead, policy, training
 
 MODES = {"env": env.main, "mettagrid": mettagrid.main, "policy": policy.main, "overhead": overhead.main}
 
 
 def main(argv: list[str] | None = None):
     argv = sys.argv[1:] if argv is None else argv
-    if not {"-h", "--help"} & set(argv):
-        described = machine.describe()
-        print(machine.summary(described), file=sys.stderr)
-        if warning := machine.shared_warning(described):
-            print(warning, file=sys.stderr)
     if argv and argv[0] in MODES:
         return MODES[argv[0]](argv[1:])
     return training.main(argv)

@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from machina import keys
 from machina.env.machina_1 import Machina1Env
+from machina.speed import machine
 from machina.speed.host_reads import count_host_reads
 
 POOL = 16  # random action batches, cycled
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ops", action="store_true", help="aten ops, host us and host reads per step")
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration per line")
     args = parser.parse_args(argv)
+    machine.announce()
     if args.threads:
         torch.set_num_threads(args.threads)
     modes = {"both": [False, True], "on": [True], "off": [False]}[args.teacher]

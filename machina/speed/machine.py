@@ -20,6 +20,7 @@ two configurations measured side by side are the only ones to trust.
 
 import os
 import platform
+import sys
 
 import torch
 
@@ -75,6 +76,16 @@ def summary(machine: dict) -> str:
         f"system.bf16_matmuls: {bf16}; {machine['threads']} threads of {machine['cores']} cores; "
         f"load {machine['load']:.2f}"
     )
+
+
+def announce() -> dict:
+    """Print the machine's case (and the shared-machine warning) on stderr, once a benchmark has read its arguments;
+    return the description."""
+    described = describe()
+    print(summary(described), file=sys.stderr)
+    if warning := shared_warning(described):
+        print(warning, file=sys.stderr)
+    return described
 
 
 def shared_warning(machine: dict) -> str | None:

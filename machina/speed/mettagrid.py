@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from machina.speed import machine
+
 POOL = 16  # random action batches, cycled
 
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration per line")
     args = parser.parse_args(argv)
+    machine.announce()
     configs = [(w, False) for w in args.workers]
     configs += [(w, True) for w in args.workers if args.overlap and w >= 1]
     header = f"{'workers':>7} {'processes':>9} {'overlap':>7} {'agents':>7} {'agent-steps/s':>14} {'median':>10} "

@@ -28,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from machina.progress import Progress
+from machina.speed import machine
 
 TINY = ["env.num_envs=1", "experience.batch_size=64", "experience.bptt_horizon=16", "experience.minibatch_size=64"]
 # Every width of the policy shrunk to 8: the same graph of ops with almost no arithmetic.
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. losses=[ppo,supervisor]")
     parser.add_argument("--json", action="store_true", help="print one JSON object per configuration")
     args = parser.parse_args(argv)
+    machine.announce()
     named = any(o.startswith("policy=") for o in args.overrides)
     policies = [[]] if named else [["policy=fast"], ["policy=vit"]]
     cols = ("ops_per_step", "host_us_per_step", "host_us_per_step_narrow", "ops_per_minibatch", "host_us_per_minibatch")

@@ -23,6 +23,7 @@ from tensordict import TensorDict
 
 from machina.env.spec import PAD_TOKEN, ObsSpec
 from machina.keys import ACT_LOG_PROB, ACTIONS, ENTROPY, EPISODE_START, OBS, VALUES
+from machina.speed import machine
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "policy"
 
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     args = parser.parse_args(argv)
+    machine.announce()
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             parser.error("--compare takes KEY=A,B with exactly two values")
     else:
         variants = [args.overrides]
-    described = machine.describe()  # before the first epoch, so the load average is the machine's, not ours
+    described = machine.announce()  # before the first epoch, so the load average is the machine's, not ours
     setups = [Setup(v) for v in variants]
     for setup in setups:
         setup.epoch()  # warm-up: first-touch allocations, thread pools, lazy init
