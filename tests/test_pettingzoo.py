@@ -177,6 +177,8 @@ def test_pad_observations_does_not_pad_action_spaces():
         ("classic/nope-v1", "is not a registered PettingZoo env; registered: .*classic/rps-v2"),
         ("classic/rps-v2", r"agent player_0's observation space Discrete\(4\) is not supported"),
         ("sisl/pursuit-v5", r"observation space Box\(0.0, 30.0, \(7, 7, 3\), float32\) is not supported"),
+        # Box2D missing (as with the pettingzoo extra), or present: continuous actions.
+        ("sisl/multiwalker-v9", r"Failed to import entry point .* pip install 'pettingzoo\[sisl\]'|action space Box"),
     ],
 )
 def test_bad_ids_are_refused_in_one_line(env_id, message):

@@ -161,7 +161,7 @@ class PettingZooEnv(Env, Resumable, Renderable):
         self.rewards[:] = 0
         self.truncated[:] = False
         self.terminated[:] = ~self.active  # an inactive slot's step: a terminal row, masked out of the losses
-        for e, env in enumerate(self.envs):
+        for e, env in enumerate(self.envs):  # a host env: PettingZoo steps one copy at a time, from dicts
             self._step_copy(e, env, ids[e])
         out = self._output()
         if self.truncated.any():
@@ -238,6 +238,8 @@ class PettingZooEnv(Env, Resumable, Renderable):
             self.truncated[row] = bool(truncs.get(name, False)) and not self.terminated[row]
             if name in obs:
                 self.layout.write(self.final[row] if self.truncated[row] else self.obs[row], obs[name])
+            elif self.truncated[row]:  # no last observation given: the one it acted on
+                self.final[row] = self.obs[row]
         self.returns[e] += self.rewards[rows]
         self.lengths[e] += 1
         live = self.layout.live(self.id, env.agents)

@@ -84,7 +84,15 @@ def from_registry(env_id: str) -> Callable[..., Any]:
     names = list(getattr(pettingzoo, "parallel_registry", {}))
     if env_id not in names:
         raise ConfigError(f"env.id={env_id} is not a registered PettingZoo env; registered: {', '.join(names)}")
-    return lambda **kwargs: pettingzoo.make("parallel", env_id, **kwargs)
+    from pettingzoo.env_registry.exceptions import PettingZooRegistryError
+
+    def make(**kwargs: Any) -> Any:
+        try:
+            return pettingzoo.make("parallel", env_id, **kwargs)
+        except PettingZooRegistryError as err:  # e.g. the env's own dependencies are not installed
+            raise ConfigError(f"env.id={env_id}: {' '.join(str(err).split())}") from None
+
+    return make
 
 
 def parallel(env_id: str, made: object) -> Any:
