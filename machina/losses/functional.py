@@ -39,9 +39,8 @@ def cloning_terms(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What every teacher-cloning loss computes: (the weighted mean of -log pi(teacher action) over the samples, or
     over the ``mask``ed ones, rows of inactive agents left out: ``live_rows``; the share of all samples whose most
-    likely action is the teacher's, detached). Reads
-    ``TEACHER_ACTIONS`` and ``PRIO_WEIGHTS`` [B, T] from ``minibatch`` and ``FULL_LOG_PROBS`` [B, T, A] from
-    ``policy_out``; both results are 0-d."""
+    likely action is the teacher's, detached). Reads ``TEACHER_ACTIONS`` and ``PRIO_WEIGHTS`` [B, T] from
+    ``minibatch`` and ``FULL_LOG_PROBS`` [B, T, A] from ``policy_out``; both results are 0-d."""
     log_probs = policy_out[keys.FULL_LOG_PROBS]
     teacher = minibatch[keys.TEACHER_ACTIONS]
     nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], live_rows(minibatch, mask))

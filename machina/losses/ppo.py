@@ -14,9 +14,8 @@ from machina.progress import Progress
 class PPOLoss(Loss):
     """Reads minibatch ``ACT_LOG_PROB``, ``VALUES``, ``ADVANTAGES``, ``PRIO_WEIGHTS`` (and ``PPO_MASK`` when an
     earlier loss restricts PPO to a slice of agents, ``TEACHER_LED`` when the supervisor stores it, ``ACTIVE`` when the
-    env has inactive agents: their rows are left out of every term) and the policy's
-    fresh ``ACT_LOG_PROB``, ``ENTROPY``, ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of
-    importance weight x term.
+    env has inactive agents: their rows are left out of every term) and the policy's fresh ``ACT_LOG_PROB``,
+    ``ENTROPY``, ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of importance weight x term.
 
     Teacher-led rows (``TEACHER_LED``): the executed action was the teacher's, not a sample from pi_old, while the
     ratio and clip below are defined for actions sampled from pi_old; so the policy terms (``loss_policy``, the
