@@ -63,10 +63,13 @@ def constructor(env_id: str) -> Callable[..., Any]:
         return from_registry(env_id)
     module_name, function = parse(env_id)
     try:
+        importlib.import_module("pettingzoo")
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - any failure of a user's module on import is a bad env.id
         why = " ".join(str(err).split()) or type(err).__name__
-        raise ConfigError(f"env.id={env_id}: cannot import {module_name} ({why})") from None
+        missing = getattr(err, "name", None) in ("pettingzoo", "mpe2")  # a package of the extra, not a typo
+        hint = f"; {INSTALL_HINT}" if missing else ""
+        raise ConfigError(f"env.id={env_id}: cannot import {module_name} ({why}){hint}") from None
     names = (function,) if function else ("parallel_env", "env")
     fn = next((getattr(module, name) for name in names if callable(getattr(module, name, None))), None)
     if fn is None:
