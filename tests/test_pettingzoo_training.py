@@ -137,7 +137,7 @@ def test_train_py_trains_mpe_spread_and_eval_py_replays_it_from_its_run_folder_o
         assert not (tmp_path / "imported").exists() and not (tmp_path / "no").exists()
 
 
-# docs/pettingzoo.md's learning check, cut to 40 epochs (96k agent steps, about 40 s on 2 free cores).
+# docs/pettingzoo.md's learning check, cut to 40 epochs (96k agent steps: 28 s here at load average 2-3).
 SPREAD = [
     "env=pettingzoo_spread",
     "policy=mlp",
