@@ -171,9 +171,10 @@ def env_settings(
     checkpoint's stored config) with the command line's ``env.<key>`` overrides on top; eval.yaml's env (with the
     overrides) when the command line picks ``env=<name>`` or the run's settings cannot be found.
 
-    A Gymnasium env id naming a module (``my_pkg.envs:MyEnv-v0``) makes Gymnasium import it: from the run's settings
-    it is refused, unless the command line gives ``env.id`` itself. What else the run's files give is bounded and a
-    MettaGrid run's game is the one it kept (``machina.evaluation.run_files``)."""
+    A Gymnasium env id naming a module (``my_pkg.envs:MyEnv-v0``) makes Gymnasium import it, and a PettingZoo id
+    names code (``machina.env.pettingzoo.ids.file_may_name``): from the run's settings such an id is refused, unless
+    the command line gives ``env.id`` itself. What else the run's files give is bounded and a MettaGrid run's game is
+    the one it kept (``machina.evaluation.run_files``)."""
     given = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
     env_keys = [k.removeprefix("env.") for k in given if k.startswith("env.")]
     # eval's own config (conf/ and this command line), not a file: the user's interpolations are theirs to resolve.
@@ -187,7 +188,7 @@ def env_settings(
     module = imported_module(settings)
     if module is not None and "id" not in env_keys:
         raise ConfigError(
-            f"{where}: env.id={settings['id']!r} makes Gymnasium import the module {module!r}, which is code, and "
+            f"{where}: env.id={settings['id']!r} makes the env import the module {module!r}, which is code, and "
             "eval.py runs no code named in a file; if you trust that module, give the id on the command line: "
             f"+env.id={settings['id']}"
         )

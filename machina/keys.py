@@ -18,6 +18,12 @@ REWARDS = "rewards"  # float32 [N]: reward of the action just taken (stored with
 TERMINATED = "terminated"  # bool [N]: the episode ended after the action (a terminal state)
 TRUNCATED = "truncated"  # bool [N]: the episode was cut after the action (time limit)
 TEACHER_ACTIONS = "teacher_actions"  # int64 [N]: the scripted teacher's action for this observation
+# bool [N]: the agent acts on this observation. False where a multi-agent env's agent finished before the others
+# (PettingZoo) and waits for its env's episode to end: those rows are not transitions, and every loss leaves them out
+# (``machina.losses.functional.live_rows``). An optional output the builder asks of every env (``ALWAYS_ASKED``);
+# an env declares it in ``EnvSpec.outputs`` only if its agents can be inactive, and the rollout then stores it.
+ACTIVE = "active"
+ALWAYS_ASKED = frozenset({ACTIVE})
 # Only from envs whose observation carries no time (``EnvSpec.observes_time`` False), only on steps where some
 # episode was truncated: [N, *obs] the observation each truncated agent would have seen next (before the reset).
 FINAL_OBS = "final_obs"

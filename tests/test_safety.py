@@ -323,6 +323,7 @@ def test_only_the_builder_turns_config_into_code():
         "eval.py",  # env=<name> on eval's command line: the composed env group
         "machina/files/trusted.py",  # a name a file holds, imported only once the configuration in force names it
         "machina/env/mettagrid/game.py",  # the game command's module:function argument: a command line's choice
+        "machina/env/pettingzoo/ids.py",  # env.id: the composed config's, or from a file only if file_may_name allows
     }
     found = set()
     for path in [*sorted((ROOT / "machina").rglob("*.py")), ROOT / "eval.py", ROOT / "train.py"]:

@@ -146,10 +146,14 @@ def check_spec(env: Env, name: str, num_envs: int) -> EnvSpec:
 
 
 def check_episodes(env: Env, name: str, actions: Callable[[], torch.Tensor], steps: int) -> None:
-    """Step until an episode ends, then check ``episode_stats`` and ``last_episodes`` on it."""
+    """Step until an episode ends (for an env that declares ``ACTIVE``: every agent of one env ended, those that
+    finished earlier included), then check ``episode_stats`` and ``last_episodes`` on it."""
     for _ in range(steps):
         td = check_step(env.step(actions()), f"{name}.step", env, frozenset())
-        if bool((td[keys.TERMINATED] | td[keys.TRUNCATED]).any()):
+        done = td[keys.TERMINATED] | td[keys.TRUNCATED]
+        if keys.ACTIVE in env.spec.outputs:  # agents finish one by one: an episode ends when all of an env's have
+            done = done.view(env.spec.num_envs, env.spec.agents_per_env).all(1)
+        if bool(done.any()):
             break
     else:
         fail(

@@ -17,8 +17,9 @@ Which class a node may name depends on where the node comes from:
   looks the class up (``machina.startup.build``, ``eval.py``: the modules allowed to import by name) and passes it
   as ``env_class``.
 
-A Gymnasium env id of the form ``module:Env-v0`` makes Gymnasium import ``module``: that is code too, and whoever
-reads the node from a file decides whether to allow it (``imported_module``).
+A Gymnasium env id of the form ``module:Env-v0`` makes Gymnasium import ``module``, and a PettingZoo env id names
+code to import (``machina.env.pettingzoo.ids``): that is code too, and whoever reads the node from a file decides
+whether to allow it (``imported_module``).
 """
 
 import copy
@@ -30,11 +31,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from machina.env.base import Env
+from machina.env.pettingzoo import ids
 from machina.errors import ConfigError, one_line
 from machina.files.stored_config import check_plain, shorten
 from machina.files.trusted import Trusted, in_force
 
 GYMNASIUM = "machina.env.gymnasium.GymnasiumEnv"  # its env ids may name a module to import (``imported_module``)
+PETTINGZOO = "machina.env.pettingzoo.PettingZooEnv"  # its env ids name code (``machina.env.pettingzoo.ids``)
 CONVERT_MODES = ("none", "partial", "object", "all")  # Hydra's ConvertMode values: values here are plain already
 BUILDER_ARGS = ("num_envs", "seed", "device", "outputs", "stagger")  # set by make_env
 
@@ -131,8 +134,10 @@ def find_target(value: Any, key: str) -> str | None:
 
 def imported_module(settings: Mapping[str, Any]) -> str | None:
     """The module Gymnasium would import to build ``settings`` (``env.id=my_pkg.envs:MyEnv-v0`` -> ``my_pkg.envs``),
-    or None."""
+    or the code a PettingZoo env id names that a file may not name (``ids.file_may_name``), or None."""
     env_id = settings.get("id")
     if settings.get("_target_") == GYMNASIUM and isinstance(env_id, str) and ":" in env_id:
         return env_id.split(":", 1)[0]
+    if settings.get("_target_") == PETTINGZOO and not ids.file_may_name(env_id):
+        return str(env_id).split(":", 1)[0]
     return None

@@ -23,7 +23,7 @@ from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 from machina.keys import Spec
 from machina.losses.base import Loss
-from machina.losses.functional import sample_mean
+from machina.losses.functional import live_rows, sample_mean
 from machina.policy.inputs import next_state, rollout_input
 from machina.progress import Progress
 from machina.schedules import Linear, as_schedule
@@ -105,8 +105,9 @@ class EERKickstarterLoss(Loss):
         log_probs = policy_out[keys.FULL_LOG_PROBS]
         teacher = minibatch[keys.TEACHER_FULL_LOG_PROBS]
         weights = minibatch[keys.PRIO_WEIGHTS]
-        kl = sample_mean((log_probs.exp() * (log_probs - teacher)).sum(-1), weights)
-        value_error = sample_mean((minibatch[keys.TEACHER_VALUES] - policy_out[keys.VALUES]) ** 2, weights)
+        rows = live_rows(minibatch)  # rows of inactive agents left out
+        kl = sample_mean((log_probs.exp() * (log_probs - teacher)).sum(-1), weights, rows)
+        value_error = sample_mean((minibatch[keys.TEACHER_VALUES] - policy_out[keys.VALUES]) ** 2, weights, rows)
         action_coef = self.action_coef(progress.agent_step)
         shaping = self.r_lambda(progress.agent_step) != 0.0
         value_coef = 0.0 if shaping else self.value_coef(progress.agent_step)

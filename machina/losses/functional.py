@@ -15,6 +15,15 @@ def sample_mean(x: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor | Non
     return (x * weights * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def live_rows(minibatch: TensorDict, mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The rows a loss averages over, bool [B, T] (None: all): those of ``mask`` whose agent acted (``ACTIVE``, stored
+    for envs whose agents can finish before the others: the other rows are not transitions)."""
+    active = minibatch.get(keys.ACTIVE, None)
+    if active is None:
+        return mask
+    return active if mask is None else active & mask
+
+
 def teacher_nll(full_log_probs: torch.Tensor, teacher_actions: torch.Tensor) -> torch.Tensor:
     """-log pi(teacher action): float [B, T] from ``full_log_probs`` [B, T, A] and ``teacher_actions`` [B, T]."""
     return -full_log_probs.gather(-1, teacher_actions.unsqueeze(-1)).squeeze(-1)
@@ -29,12 +38,12 @@ def cloning_terms(
     minibatch: TensorDict, policy_out: TensorDict, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What every teacher-cloning loss computes: (the weighted mean of -log pi(teacher action) over the samples, or
-    over the ``mask``ed ones; the share of all samples whose most likely action is the teacher's, detached). Reads
-    ``TEACHER_ACTIONS`` and ``PRIO_WEIGHTS`` [B, T] from ``minibatch`` and ``FULL_LOG_PROBS`` [B, T, A] from
-    ``policy_out``; both results are 0-d."""
+    over the ``mask``ed ones, rows of inactive agents left out: ``live_rows``; the share of all samples whose most
+    likely action is the teacher's, detached). Reads ``TEACHER_ACTIONS`` and ``PRIO_WEIGHTS`` [B, T] from
+    ``minibatch`` and ``FULL_LOG_PROBS`` [B, T, A] from ``policy_out``; both results are 0-d."""
     log_probs = policy_out[keys.FULL_LOG_PROBS]
     teacher = minibatch[keys.TEACHER_ACTIONS]
-    nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], mask)
+    nll = sample_mean(teacher_nll(log_probs, teacher), minibatch[keys.PRIO_WEIGHTS], live_rows(minibatch, mask))
     return nll, agreement(log_probs.detach(), teacher).mean()
 
 

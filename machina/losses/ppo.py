@@ -7,15 +7,15 @@ from tensordict import TensorDict
 
 from machina import checks, keys
 from machina.losses.base import Loss
-from machina.losses.functional import sample_mean
+from machina.losses.functional import live_rows, sample_mean
 from machina.progress import Progress
 
 
 class PPOLoss(Loss):
     """Reads minibatch ``ACT_LOG_PROB``, ``VALUES``, ``ADVANTAGES``, ``PRIO_WEIGHTS`` (and ``PPO_MASK`` when an
-    earlier loss restricts PPO to a slice of agents, ``TEACHER_LED`` when the supervisor stores it) and the policy's
-    fresh ``ACT_LOG_PROB``, ``ENTROPY``, ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of
-    importance weight x term.
+    earlier loss restricts PPO to a slice of agents, ``TEACHER_LED`` when the supervisor stores it, ``ACTIVE`` when the
+    env has inactive agents: their rows are left out of every term) and the policy's fresh ``ACT_LOG_PROB``,
+    ``ENTROPY``, ``VALUES``, all [B, T]. Every term is a mean over the (masked) samples of importance weight x term.
 
     Teacher-led rows (``TEACHER_LED``): the executed action was the teacher's, not a sample from pi_old, while the
     ratio and clip below are defined for actions sampled from pi_old; so the policy terms (``loss_policy``, the
@@ -65,7 +65,7 @@ class PPOLoss(Loss):
 
     def forward(self, minibatch: TensorDict, policy_out: TensorDict, progress: Progress) -> dict[str, torch.Tensor]:
         weights = minibatch[keys.PRIO_WEIGHTS]
-        mask = minibatch.get(keys.PPO_MASK, None)
+        mask = live_rows(minibatch, minibatch.get(keys.PPO_MASK, None))  # rows of inactive agents left out
         policy_mask = policy_rows(mask, minibatch.get(keys.TEACHER_LED, None))
 
         def mean(x: torch.Tensor) -> torch.Tensor:

@@ -138,7 +138,7 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
     device = distributed.rank_device(system.apply())
     losses = build_losses(cfg.losses)
     make_env = build_env_factory(cfg.env, device)
-    env = make_env(seed=system.seed, outputs={key for loss in losses.values() for key in loss.env_outputs})
+    env = make_env(seed=system.seed, outputs=keys.ALWAYS_ASKED.union(*(loss.env_outputs for loss in losses.values())))
     check_env_outputs(losses, env.spec, cfg.env._target_)
     policy = instantiate(cfg.policy, obs_spec=env.spec.obs, num_actions=env.spec.num_actions).to(device)
     check_policy_outputs(losses, policy)

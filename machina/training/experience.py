@@ -31,12 +31,14 @@ from machina.keys import Spec
 def trajectory_spec(env_spec: EnvSpec) -> Spec:
     """What every rollout step stores for advantages and PPO-style losses, whatever the losses: the action's
     log-probability and value, its reward and how the episode ended after it (and V(final observation) for envs
-    whose observation carries no time)."""
+    whose observation carries no time, and which agents acted for envs that declare ``ACTIVE``)."""
     scalar, flag = ((), torch.float32), ((), torch.bool)
     spec = {keys.ACT_LOG_PROB: scalar, keys.VALUES: scalar, keys.REWARDS: scalar}
     spec |= {keys.TERMINATED: flag, keys.TRUNCATED: flag}
     if not env_spec.observes_time:
         spec[keys.FINAL_VALUES] = scalar
+    if keys.ACTIVE in env_spec.outputs:
+        spec[keys.ACTIVE] = flag
     return spec
 
 
