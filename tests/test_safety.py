@@ -324,6 +324,8 @@ def test_only_the_builder_turns_config_into_code():
         "machina/files/trusted.py",  # a name a file holds, imported only once the configuration in force names it
         "machina/env/mettagrid/game.py",  # the game command's module:function argument: a command line's choice
         "machina/env/pettingzoo/ids.py",  # env.id: the composed config's, or from a file only if file_may_name allows
+        "machina/docs_reference/config.py",  # the classes conf/ of this repository names, for their docstrings
+        "machina/docs_reference/flags.py",  # machina's own commands, by the fixed list of its COMMANDS
     }
     found = set()
     for path in [*sorted((ROOT / "machina").rglob("*.py")), ROOT / "eval.py", ROOT / "train.py"]:
