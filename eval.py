@@ -22,6 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from machina import start_up_signals
+
+if __name__ == "__main__":  # before the imports below (seconds): a Ctrl-C during them is one line too
+    start_up_signals.install()
+
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -244,5 +249,6 @@ def put(settings: dict[str, Any], key: str, value: Any) -> None:
 if __name__ == "__main__":
     # A misspelt setting, an unknown env=<name> or an unwritable output folder stops here (exit 2), before Hydra
     # starts.
-    sys.argv[1:] = preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf", "eval")
-    main()
+    with start_up_signals.reported():
+        sys.argv[1:] = preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf", "eval")
+        main()

@@ -3,6 +3,11 @@
 import sys
 from pathlib import Path
 
+from machina import start_up_signals
+
+if __name__ == "__main__":  # before the imports below (seconds): a signal during them is one line too
+    start_up_signals.install(" outside training; the same command continues the folder's last checkpoint, if any")
+
 import hydra
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -22,8 +27,7 @@ def main(cfg: DictConfig) -> float:
     from machina.run import train
 
     # Nothing is written to the run folder until the run is accepted (machina.run_folder.run_record); under torchrun
-    # this
-    # process is one rank of a data-parallel job (docs/tutorials/distributed.md); alone it is the job.
+    # this process is one rank of a data-parallel job (docs/tutorials/distributed.md); alone it is the job.
     with run_record.deferred(cfg), report_errors(), distributed.process_group(cfg.system.device):
         return train(cfg)
 
@@ -31,5 +35,6 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     # Keys that moved keep their old spelling; a misspelt option or key, or an unwritable run folder, stops here
     # (exit 2), before Hydra makes a run folder; the run folder is pinned, so the one checked is the one used.
-    sys.argv[1:] = preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
-    main()
+    with start_up_signals.reported():
+        sys.argv[1:] = preflight.check_or_exit(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+        main()

@@ -8,6 +8,7 @@
     3  machina.losses (read the policy's outputs)
     4  machina.training, machina.evaluation, machina.logging: the loop and what it measures and reports
     5  the application: machina.startup (the config into parts), machina.run_folder, machina.run, machina.cli,
+       machina.start_up_signals (a command's signals outside training),
        machina.compare, machina.plot, machina.bench, machina.speed (benchmarks), machina.conformance (the kit that
        checks a part against what the trainer relies on), machina.docs_reference (the generated reference pages)
 
@@ -43,6 +44,7 @@ LAYERS = (
         "machina.run_folder",
         "machina.run",
         "machina.cli",
+        "machina.start_up_signals",
         "machina.compare",
         "machina.plot",
         "machina.bench",
