@@ -5,14 +5,13 @@ seed trains the same numbers with one worker or two."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from machina.run import train
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import ROOT, compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 from tests.test_checkpoint import reporting
 from tests.test_eval import run_eval
 from tests.test_mettagrid_workers import alive
@@ -107,8 +106,7 @@ def test_a_run_on_a_game_file_is_evaluated_on_that_game_and_a_game_file_that_is_
     assert "hearts_made" in table and "resources_gathered" in table and "policy" in table and "random" in table
 
     game.unlink()
-    eval_py = [sys.executable, str(ROOT / "eval.py"), f"checkpoint={run_dir}", "episodes=4", "replay=false"]
-    gone = subprocess.run(eval_py, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    gone = run_script("eval.py", f"checkpoint={run_dir}", "episodes=4", "replay=false", cwd=tmp_path)
     assert gone.returncode == 2
     assert f"env.game={game}" in gone.stdout + gone.stderr
 
@@ -117,7 +115,9 @@ def test_a_refused_game_file_stops_train_py_before_anything_is_written(tmp_path)
     evil = tmp_path / "evil.yaml"
     evil.write_text("game:\n  map_builder: {type: os.system, command: touch pwned}\n")
     run_dir = tmp_path / "run"
-    done = run_train(["env=mettagrid", f"env.game={evil}", f"hydra.run.dir={run_dir}", "wandb=disabled"], cwd=tmp_path)
+    done = run_script(
+        "train.py", "env=mettagrid", f"env.game={evil}", f"hydra.run.dir={run_dir}", "wandb=disabled", cwd=tmp_path
+    )
     assert done.returncode == 2
     refusal = "game.map_builder.type='os.system' is not one of MettaGrid's map builders or scenes"
     assert refusal in done.stdout + done.stderr
