@@ -84,7 +84,9 @@ def test_a_forward_with_gradients_inside_the_block_trains_the_embeddings():
         assert grads[name] is not None and grads[name].abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("compile", ["false", "true"])
+# Compiled: slow (its first compile takes half a minute on 2 cores); the fast tier keeps the eager rollout here and a
+# compiled run in tests/test_system.py.
+@pytest.mark.parametrize("compile", ["false", pytest.param("true", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("bf16", ["false", "true"])
 def test_a_rollout_after_an_update_stores_what_the_updated_weights_give(compile, bf16):
     """Rollout, update (a large learning rate, so the embedding table moves), rollout: the second buffer's stored
