@@ -1,5 +1,6 @@
 """Learning: a short PPO run on a small built-in env beats a random policy clearly, and cloning the teacher raises
-agreement with it. Marked slow: each trains for about a minute on 2 CPU cores."""
+agreement with it. Marked slow: each trains for about a minute on 2 CPU cores. The guards of the presets train in
+subprocesses, two side by side with one thread each."""
 
 import json
 
@@ -11,6 +12,7 @@ from machina.env.factory import env_factory
 from machina.evaluation.evaluator import Evaluator
 from machina.policy.io import load_policy
 from machina.startup.build import build, build_trainer
+from tests.commands import run_script
 from tests.conftest import compose_config, run_train
 
 SMALL = [
@@ -30,8 +32,8 @@ SMALL = [
 
 def train_small(tmp_path, extra, steps):
     run_dir = tmp_path / "run"
-    result = run_train([*SMALL, *extra, f"trainer.total_timesteps={steps}", f"hydra.run.dir={run_dir}"], timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_script("train.py", *SMALL, *extra, f"trainer.total_timesteps={steps}", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.output[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return run_dir, rows
 
