@@ -16,6 +16,7 @@ import os
 import runpy
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +88,15 @@ def run_module(name: str, *args: str, cwd: Path = ROOT) -> Result:
 
 def _run(argv: list[str], command, cwd: Path, env: dict[str, str] | None) -> Result:
     stdout, stderr = io.StringIO(), io.StringIO()
-    with process_state_kept(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with process_state_kept(), warnings.catch_warnings():
+        # torchrun's @record (train.py) points the fault handler at stderr, which is a buffer here: it warns.
+        warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)
         os.chdir(cwd)
         os.environ.update(env or {})
         sys.argv[:] = argv
         try:
-            command()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                command()
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
