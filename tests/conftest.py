@@ -79,13 +79,18 @@ def interrupt_train(args, ready, cwd=ROOT, signals=1, inherit_ignored=False, tim
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherit_ignored else None,
     )
     deadline = time.time() + timeout
-    while not ready():
-        assert proc.poll() is None and time.time() < deadline, "the run ended or took too long before it was ready"
-        time.sleep(0.05)
-    for i in range(signals):
-        time.sleep(0.3 if i else 0)
-        proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=timeout)
+    try:
+        while not ready():
+            assert proc.poll() is None and time.time() < deadline, "the run ended or took too long before it was ready"
+            time.sleep(0.05)
+        for i in range(signals):
+            time.sleep(0.3 if i else 0)
+            proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=timeout)
+    finally:  # a failed wait leaves no run behind (with SIGINT ignored, nothing else would stop it)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     command = re.search(r"to resume: (.*)", output)
     return proc.returncode, output, command.group(1) if command else None
 

@@ -2,8 +2,6 @@
 that carries its hearts from one that moves at random while it holds them (docs/explanation/lab_notebook.md)."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -11,6 +9,7 @@ import torch
 from machina import keys
 from machina.env.machina_1 import Machina1Env
 from machina.env.machina_1.grid import HEART
+from tests.commands import run_script
 from tests.test_checkpoint import random_policy_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "carry.py"
@@ -60,14 +59,14 @@ def test_the_teacher_heads_for_the_chest_and_a_random_carrier_does_not():
 
 
 def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True)
+    result = run_script("benchmarks/carry.py")
     assert result.returncode == 2
     assert "give a policy file, or --teacher" in result.stderr
     missing = tmp_path / "nope.pt"
-    result = subprocess.run([sys.executable, str(SCRIPT), str(missing)], capture_output=True, text=True)
+    result = run_script("benchmarks/carry.py", str(missing))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert str(missing) in result.stderr
-    result = subprocess.run([sys.executable, str(SCRIPT), "--teacher", "--envs", "0"], capture_output=True, text=True)
+    result = run_script("benchmarks/carry.py", "--teacher", "--envs", "0")
     assert result.returncode == 2 and "Traceback" not in result.stderr and "num_envs=0" in result.stderr
 
 
@@ -75,7 +74,7 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
     """A policy file of the default env runs and prints every share; one built for other observations (a token limit
     of 64) is refused in one line, before any episode is played."""
     own = random_policy_file(tmp_path / "policy.pt")
-    result = subprocess.run([sys.executable, str(SCRIPT), str(own), "--envs", "4"], capture_output=True, text=True)
+    result = run_script("benchmarks/carry.py", str(own), "--envs", "4")
     assert result.returncode == 0, result.stderr
     printed = dict(line.split() for line in result.stdout.splitlines())
     assert set(printed) == {
@@ -93,6 +92,6 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
     shares = {name: value for name, value in printed.items() if not name.startswith("moves_") and "per_env" not in name}
     assert len(shares) == 5 and all(0 <= float(value) <= 1 for value in shares.values())
     other = random_policy_file(tmp_path / "other.pt", ["env.max_tokens=64"])
-    result = subprocess.run([sys.executable, str(SCRIPT), str(other)], capture_output=True, text=True)
+    result = run_script("benchmarks/carry.py", str(other))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "not the default machina_1 env's" in result.stderr

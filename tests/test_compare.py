@@ -4,8 +4,6 @@ PNG, with no training."""
 import hashlib
 import json
 import re
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from PIL import Image
 
 from machina.compare import collect, legend_label, main, shared_overrides, table
 from machina.run_folder.reading import find_run_dirs, read_run
-from tests.conftest import ROOT
+from tests.commands import Result, run_module
 
 COMMON = ["env.num_envs=16", "trainer.total_timesteps=2048"]
 LOG_START = "[2026-11-30 01:46:29,231][machina.run][INFO] - run ...\n"
@@ -162,10 +160,9 @@ def test_legend_labels_break_between_overrides_never_inside_one():
     ]
 
 
-def run_cli(module: str, *args) -> subprocess.CompletedProcess:
-    """``python -m module ARGS`` in a real subprocess, as a user types it."""
-    command = [sys.executable, "-m", module, *map(str, args)]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+def run_cli(module: str, *args) -> Result:
+    """``python -m module ARGS`` as a user types it, run in this process (``tests.commands``)."""
+    return run_module(module, *map(str, args))
 
 
 def hashes(folder) -> dict[str, str]:

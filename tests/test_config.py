@@ -1,7 +1,5 @@
 """Every option of every config group composes and builds; presets apply from any working directory."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +11,9 @@ from tensordict import TensorDict
 from machina import keys
 from machina.errors import ConfigError
 from machina.startup.build import build_losses
+from tests.commands import run_script
 from tests.conf_walk import env_for_policy
-from tests.conftest import CONF, ROOT, compose_config, run_train
+from tests.conftest import CONF, compose_config
 
 GROUPS = ["env", "policy", "losses", "experience", "system", "trainer", "optimizer", "wandb"]
 
@@ -103,8 +102,10 @@ def test_train_py_refuses_a_left_out_loss_with_that_message_and_writes_nothing(t
     """The derived emit_full_log_probs reads the losses before they are built: it must pass over the left-out loss's
     settings (no _target_) so that the command stops with the message above, not an interpolation error."""
     run_dir = tmp_path / "run"
-    result = run_train(["experiment=machina_1_dagger", "losses=[ppo]", "debug=tiny", f"hydra.run.dir={run_dir}"])
-    output = result.stdout + result.stderr
+    result = run_script(
+        "train.py", "experiment=machina_1_dagger", "losses=[ppo]", "debug=tiny", f"hydra.run.dir={run_dir}"
+    )
+    output = result.output
     assert result.returncode == 2
     assert "ConfigError: losses.supervisor has settings but no _target_" in output, output[-2000:]
     assert "Traceback" not in output and "interpolation" not in output
@@ -124,13 +125,7 @@ def test_wandb_modes(option):
 
 
 def test_preset_applies_from_another_working_directory(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "experiment=machina_1_supervisor", "--cfg", "job", "--resolve"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_script("train.py", "experiment=machina_1_supervisor", "--cfg", "job", "--resolve", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load(result.stdout)
     assert list(job["losses"]) == ["ppo", "supervisor"]

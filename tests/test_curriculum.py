@@ -15,7 +15,8 @@ from machina.env.machina_1.pool import Episodes
 from machina.errors import ConfigError
 from machina.startup.build import build, build_trainer
 from machina.training.curriculum import Curriculum
-from tests.conftest import compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 from tests.test_checkpoint import EPOCH, metrics, run, without_timing
 
 GEOM = Geometry(11, 11)
@@ -151,7 +152,7 @@ def test_curriculum_refuses_malformed_stages(stages, match):
 def test_a_stage_the_env_refuses_stops_the_run_before_it_writes_anything(tmp_path):
     run_dir = tmp_path / "run"
     stages = "trainer.curriculum=[{until:100000,env:{region_size:9}},{until:200000,env:{region_size:3}}]"
-    result = run_train(["debug=tiny", stages, f"hydra.run.dir={run_dir}", "wandb=disabled"])
+    result = run_script("train.py", "debug=tiny", stages, f"hydra.run.dir={run_dir}", "wandb=disabled")
     assert result.returncode == 2
     assert re.search(
         r"trainer\.curriculum\[1\]\.env: \d+ agents and objects do not fit in a 3x3 region",

@@ -2,8 +2,6 @@
 eval.json, and the env settings of the evaluated run."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,8 @@ from machina.evaluation.episodes import first_episodes
 from machina.evaluation.evaluator import Evaluator
 from machina.evaluation.gif import save_gif
 from machina.policy.io import policy_payload
-from tests.conftest import ROOT, compose_config, run_train
+from tests.commands import Result, run_script
+from tests.conftest import compose_config
 
 TINY_ENV = ["env.height=7", "env.width=7", "env.max_steps=40"]
 
@@ -175,11 +174,10 @@ def test_eval_py_evaluates_on_the_run_s_env_settings_unless_the_command_line_cha
     assert "changed on the command line: max_steps" in (tmp_path / "b" / "eval.log").read_text()
 
 
-def run_eval(args: list[str], cwd) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def run_eval(args: list[str], cwd) -> Result:
+    """``python eval.py ARGS`` from ``cwd``, run in this process (``tests.commands``); it must succeed."""
+    result = run_script("eval.py", *args, cwd=cwd)
+    assert result.returncode == 0, result.output[-3000:]
     return result
 
 
@@ -188,18 +186,17 @@ def test_periodic_eval_rows_and_replays_during_training(tmp_path):
     from tests.test_train import TINY
 
     run_dir = tmp_path / "run"
-    result = run_train(
-        [
-            *TINY,
-            "trainer.total_timesteps=5120",
-            "trainer.eval_interval=2",
-            "trainer.replay_interval=4",
-            "evaluation.episodes=4",
-            "wandb=disabled",
-            f"hydra.run.dir={run_dir}",
-        ]
+    result = run_script(
+        "train.py",
+        *TINY,
+        "trainer.total_timesteps=5120",
+        "trainer.eval_interval=2",
+        "trainer.replay_interval=4",
+        "evaluation.episodes=4",
+        "wandb=disabled",
+        f"hydra.run.dir={run_dir}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # At the intervals and after the last epoch (5), so the curve ends where the run does.
     assert [r["metric/epoch"] for r in rows if "eval/return" in r] == [2, 4, 5]

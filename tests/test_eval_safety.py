@@ -1,14 +1,13 @@
 """eval.py on runs from elsewhere and on careless command lines: a run folder or checkpoint is data, so a payload
 planted in its settings runs nothing and is refused with one line naming the file and the key; every setting of
 eval.py is checked before anything is evaluated or written; a damaged run folder or an unwritable output folder is
-one line, not a traceback. Each case runs ``python eval.py`` as a user would and checks that no file changed."""
+one line, not a traceback. Each case runs ``python eval.py`` as a user would (in this process: ``tests.commands``)
+and checks that no file changed."""
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -18,8 +17,9 @@ import yaml
 from machina.env.factory import env_factory
 from machina.errors import ConfigError
 from machina.files import checksum
+from tests.commands import Result, run_script
 from tests.conf_walk import options, skipped_without_its_extra
-from tests.conftest import ROOT, compose_config
+from tests.conftest import compose_config
 from tests.test_checkpoint import run
 
 MARKER = "pwned.txt"  # what a payload writes when it runs
@@ -56,21 +56,14 @@ def folder(trained, tmp_path):
     return tmp_path
 
 
-def eval_py(folder, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def eval_py(folder, *args: str) -> Result:
     """``python eval.py ARGS`` from the repository root, its output folder ``folder / "out"``."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *args, f"hydra.run.dir={folder / 'out'}"],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_script("eval.py", *args, f"hydra.run.dir={folder / 'out'}")
 
 
-def refusal(result: subprocess.CompletedProcess) -> str:
+def refusal(result: Result) -> str:
     """The one error line of a refused eval.py: exit code 2, no traceback."""
-    output = result.stdout + result.stderr
+    output = result.output
     assert result.returncode == 2, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if "Error" in line]
@@ -152,32 +145,41 @@ PAYLOADS = {
 }
 
 
-def beside_the_run(folder) -> dict[str, str]:
-    """Ship the payload modules beside the run folder and put that folder on the import path."""
+@pytest.fixture
+def beside_the_run(folder, monkeypatch):
+    """The payload modules shipped beside the run folder, that folder first on the import path (as PYTHONPATH
+    would put it) and EVAL_STEPS set; afterwards every import of them is forgotten (and the env id one registers),
+    so that an import in a later test would run their code again."""
     (folder / "evil_loss.py").write_text(EVIL_LOSS)
     (folder / "evil_gym.py").write_text(EVIL_GYM)
-    return {"PYTHONPATH": str(folder), "EVAL_STEPS": "40"}
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("EVAL_STEPS", "40")
+    yield folder
+    for name in ("evil_loss", "evil_gym"):
+        sys.modules.pop(name, None)
+    if "gymnasium" in sys.modules:
+        sys.modules["gymnasium"].registry.pop("Evil-v0", None)
 
 
 @pytest.mark.parametrize("name", PAYLOADS)
-def test_a_payload_in_the_run_s_settings_runs_nothing_and_is_refused(folder, name):
+def test_a_payload_in_the_run_s_settings_runs_nothing_and_is_refused(beside_the_run, name):
+    folder = beside_the_run
     plant, file, key = PAYLOADS[name]
-    env = beside_the_run(folder)
     plant(folder)
     before = files(folder)
-    line = refusal(eval_py(folder, f"checkpoint={folder / CHECKPOINT}", "episodes=2", "replay=false", env=env))
+    line = refusal(eval_py(folder, f"checkpoint={folder / CHECKPOINT}", "episodes=2", "replay=false"))
     assert file in line and key in line, line
     assert not (folder / MARKER).exists()
     assert files(folder) == before  # nothing written, no module imported (it would leave __pycache__)
     assert not (folder / "out" / "eval.json").exists()
 
 
-def test_a_module_in_a_gymnasium_id_is_imported_when_the_command_line_gives_the_id(folder):
+def test_a_module_in_a_gymnasium_id_is_imported_when_the_command_line_gives_the_id(beside_the_run):
     """The user's own choice on the command line is theirs: the refusal is about ids read from a file."""
-    env = beside_the_run(folder)
+    folder = beside_the_run
     plant_in_yaml(folder, lambda node: (node.clear(), node.update(gym_env("CartPole-v1"))))
     args = [f"checkpoint={folder / CHECKPOINT}", "episodes=2", "replay=false", "+env.id=evil_gym:Evil-v0"]
-    line = refusal(eval_py(folder, *args, env=env))
+    line = refusal(eval_py(folder, *args))
     assert (folder / MARKER).exists()
     assert "trained on observations" in line  # a token policy on CartPole's vector observations, refused
 
@@ -252,7 +254,7 @@ def test_an_output_folder_that_cannot_be_written_is_one_line(folder):
 def test_eval_py_evaluates_a_real_run_folder_and_changes_nothing_in_it(folder):
     before = files(folder)
     result = eval_py(folder, f"checkpoint={folder / 'run'}", "episodes=2", "replay_steps=3")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     report = json.loads((folder / "out" / "eval.json").read_text())
     assert report["checkpoint"] == str(folder / CHECKPOINT) and report["policy"]["episodes"] == 2
     assert (folder / "out" / "replay.gif").stat().st_size > 0 and not list((folder / "out").glob(".*.tmp"))

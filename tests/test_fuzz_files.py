@@ -14,7 +14,6 @@ import io
 import os
 import random
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from machina.files.stored_config import plain_mapping, read_yaml
 from machina.policy.io import load_policy, load_teacher
 from machina.run_folder.reading import read_run
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import ROOT
+from tests.commands import run_module, run_script
 from tests.test_checkpoint import EPOCH, TINY, run
 
 SEED = int(os.environ.get("FUZZ_SEED", "30"))
@@ -225,39 +224,45 @@ def test_every_loader_refuses_damage_with_a_config_error_and_runs_nothing(pristi
     assert snapshot(folder) == before
 
 
-def commands(folder: Path, scratch: Path) -> dict[str, list[str]]:
-    """Every command that reads a run folder, each writing only inside ``scratch``."""
+def commands(folder: Path, scratch: Path) -> dict[str, Callable[[], object]]:
+    """Every command that reads a run folder, run from ``scratch`` in this process (``tests.commands``), each writing
+    only inside ``scratch``."""
     return {
-        "resume": [
-            str(ROOT / "train.py"),
+        "resume": lambda: run_script(
+            "train.py",
             *TINY,
             f"trainer.total_timesteps={3 * EPOCH}",
             f"resume={folder}",
             f"hydra.run.dir={scratch / 'resumed'}",
-        ],
-        "eval": [
-            str(ROOT / "eval.py"),
+            cwd=scratch,
+        ),
+        "eval": lambda: run_script(
+            "eval.py",
             f"checkpoint={folder}",
             "episodes=2",
             "replay=false",
             f"hydra.run.dir={scratch / 'eval'}",
-        ],
-        "compare": ["-m", "machina.compare", str(folder), "--out", str(scratch / "compare.png")],
-        "plot": ["-m", "machina.plot", str(folder), "--out", str(scratch / "plot.png")],
+            cwd=scratch,
+        ),
+        "compare": lambda: run_module(
+            "machina.compare", str(folder), "--out", str(scratch / "compare.png"), cwd=scratch
+        ),
+        "plot": lambda: run_module("machina.plot", str(folder), "--out", str(scratch / "plot.png"), cwd=scratch),
     }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("file", "mutation", "seed"), variants(8, SEED + 1))
-def test_every_command_on_a_damaged_folder_works_or_refuses_in_one_line(pristine, tmp_path, file, mutation, seed):
+def test_every_command_on_a_damaged_folder_works_or_refuses_in_one_line(
+    pristine, tmp_path, monkeypatch, file, mutation, seed
+):
     folder = damaged_copy(pristine, tmp_path, file, mutation, seed)
     before = snapshot(folder)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    for name, args in commands(folder, tmp_path).items():
-        result = subprocess.run(
-            [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-        output = result.stdout + result.stderr
+    # A resolver naming fuzz_payload could import it (as PYTHONPATH would let it): it must not be asked to.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, command in commands(folder, tmp_path).items():
+        result = command()
+        output = result.output
         where = f"{name} on {file} ({mutation}, seed {seed}): exit {result.returncode}\n{output[-3000:]}"
         assert result.returncode in (0, 2), where
         assert "Traceback" not in output, where
@@ -265,4 +270,5 @@ def test_every_command_on_a_damaged_folder_works_or_refuses_in_one_line(pristine
             errors = [line for line in output.splitlines() if "Error" in line and ":" in line]
             assert len(errors) == 1, where
     assert not (tmp_path / MARKER).exists()
+    assert "fuzz_payload" not in sys.modules
     assert snapshot(folder) == before

@@ -6,7 +6,6 @@ import inspect
 import json
 import pickle
 import re
-import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -26,6 +25,7 @@ from machina.env.mettagrid import game as mettagrid_game  # noqa: E402
 from machina.env.mettagrid import game_file  # noqa: E402
 from machina.env.mettagrid.game_file import ALLOWED_TYPES, REFUSED_SCENES, SHIPPED, read_game  # noqa: E402
 from machina.errors import ConfigError  # noqa: E402
+from tests.commands import run_module
 from tests.conftest import ROOT, compose_config  # noqa: E402
 
 ARENA = mettagrid_game.arena_config().model_dump(mode="json")
@@ -311,8 +311,8 @@ def test_the_arena_tables_come_from_the_game():
 # --------------------------------------------------------------------------------------------------- the dump
 def test_dump_writes_a_game_file_that_reads_back(tmp_path):
     out = tmp_path / "small.yaml"
-    cmd = [sys.executable, "-m", "machina.env.mettagrid.game", "dump", "arena", str(out), "agents_per_env=2"]
-    result = subprocess.run([*cmd, "max_steps=50", "heart_reward=0.5"], capture_output=True, text=True, cwd=ROOT)
+    args = ["dump", "arena", str(out), "agents_per_env=2", "max_steps=50", "heart_reward=0.5"]
+    result = run_module("machina.env.mettagrid.game", *args)
     assert result.returncode == 0, result.stderr
     summary = "2 agents, 5 actions, 20 features, window 11x11, 128 tokens, max_steps 50"
     assert result.stdout == f"{out}: {summary}\n"

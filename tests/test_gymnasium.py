@@ -2,8 +2,6 @@
 of truncations, episode stats, seeding, refused spaces), and experiment=cartpole end to end."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,8 @@ from machina.env.gymnasium import GymnasiumEnv
 from machina.errors import ConfigError
 from machina.progress import Progress
 from machina.startup.build import build
-from tests.conftest import ROOT, compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 
 gymnasium = pytest.importorskip("gymnasium")  # the gym extra (part of dev)
 spaces = gymnasium.spaces
@@ -265,21 +264,16 @@ def metrics(run_dir):
 
 def test_experiment_cartpole_trains_and_evaluates(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train(
-        ["experiment=cartpole", "trainer.total_timesteps=2048", "wandb=disabled", f"hydra.run.dir={run_dir}"]
+    result = run_script(
+        "train.py", "experiment=cartpole", "trainer.total_timesteps=2048", "wandb=disabled", f"hydra.run.dir={run_dir}"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     rows = metrics(run_dir)
     assert [r["metric/agent_step"] for r in rows] == [512, 1024, 1536, 2048]
     assert all(r["env/episodes"] > 0 and r["overview/reward"] == r["env/return"] for r in rows)
     out = tmp_path / "eval"
-    evaluated = subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), f"checkpoint={run_dir}", "episodes=4", f"hydra.run.dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    evaluated = run_script("eval.py", f"checkpoint={run_dir}", "episodes=4", f"hydra.run.dir={out}")
+    assert evaluated.returncode == 0, evaluated.output[-3000:]
     result = json.loads((out / "eval.json").read_text())
     assert result["policy"]["episodes"] == 4 and result["policy"]["return"] > 0
     assert (out / "replay.gif").stat().st_size > 0
@@ -289,10 +283,10 @@ def test_experiment_cartpole_trains_and_evaluates(tmp_path):
 def test_experiment_cartpole_reaches_cleanrls_return(tmp_path):
     """CleanRL's ppo.py reaches 488.75 +- 18.40 at 500k steps; machina's preset must reach a mean of >= 475."""
     run_dir = tmp_path / "run"
-    result = run_train(
-        ["experiment=cartpole", "system.seed=1", "wandb=disabled", f"hydra.run.dir={run_dir}"], timeout=900
+    result = run_script(
+        "train.py", "experiment=cartpole", "system.seed=1", "wandb=disabled", f"hydra.run.dir={run_dir}"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.output[-3000:]
     rows = metrics(run_dir)
     assert rows[-1]["metric/agent_step"] <= 500_000
     # The last 10 epochs in which episodes ended (null in the others: a CartPole episode lasts up to 500 steps).

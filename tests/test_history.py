@@ -1,22 +1,26 @@
 """A run's history is append-only and a refused command leaves the disk as it was (issue 30, items 2-5, 10, 14):
 the printed resume command continues the latest checkpoint, a rewind keeps the abandoned epochs and says where, a
 folder whose checkpoints were deleted is not started over, a refused run leaves a running run's record alone, and a
-bad value leaves no folder behind. Command-line behaviour is checked with real ``train.py`` subprocesses."""
+bad value leaves no folder behind. Command-line behaviour is checked by running ``train.py`` in this process
+(``tests.commands``), and with real subprocesses where the signals and the exit code of the script are the point."""
 
 import hashlib
 import json
 import os
 import shlex
-import subprocess
+import shutil
 from pathlib import Path
 
 import pytest
 
 from machina.run_folder.run_lock import RunLock
+from tests.commands import one_error_line, run_script
 from tests.conftest import interrupt_train, run_train
 from tests.test_checkpoint import EPOCH, TINY, run, run_reporting
 
 KEEP_ALL = ["trainer.keep_checkpoints=100"]
+# A run that trains until it is signalled, eager: system.compile=auto would compile a run this long first (a minute).
+UNTIL_STOPPED = ["trainer.total_timesteps=100000000", "system.compile=false"]
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -30,16 +34,6 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 def epochs(run_dir: Path) -> list[int]:
     return [json.loads(line)["metric/epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    """The one error line of a refused command (exit code 2, no traceback)."""
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    errors = [line for line in output.splitlines() if "Error:" in line or "[ERROR]" in line]
-    assert len(errors) == 1, output[-3000:]
-    return errors[0]
 
 
 def test_resuming_an_older_checkpoint_moves_the_later_epochs_aside_and_deletes_nothing(tmp_path, caplog):
@@ -99,10 +93,10 @@ def test_the_printed_resume_command_of_a_resumed_run_continues_its_latest_checkp
     """The README's resume example, then Ctrl-C: the printed command has no resume=, and following it continues from
     the newest checkpoint: no checkpoint is lost and metrics.jsonl keeps every row (issue 30 item 2)."""
     run_dir = tmp_path / "run"
-    first = run_train([*TINY, *KEEP_ALL, f"trainer.total_timesteps={4 * EPOCH}", f"hydra.run.dir={run_dir}"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    first = run_script("train.py", *TINY, *KEEP_ALL, f"trainer.total_timesteps={4 * EPOCH}", f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.output[-3000:]
     resume = f"resume={run_dir / 'checkpoints' / 'checkpoint_000002.pt'}"
-    args = [*TINY, *KEEP_ALL, "trainer.total_timesteps=100000000", resume, f"hydra.run.dir={run_dir}"]
+    args = [*TINY, *KEEP_ALL, *UNTIL_STOPPED, resume, f"hydra.run.dir={run_dir}"]
     code, output, command = interrupt_train(
         args,
         lambda: len(list((run_dir / "checkpoints").glob("checkpoint_*.pt"))) >= 5,
@@ -115,24 +109,23 @@ def test_the_printed_resume_command_of_a_resumed_run_continues_its_latest_checkp
     assert checkpoints[-1] == f"checkpoint_{stopped_at:06d}.pt"
 
     _, *args = shlex.split(command)
-    resumed = run_train([*args[1:], f"trainer.total_timesteps={EPOCH * (stopped_at + 1)}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = run_script("train.py", *args[1:], f"trainer.total_timesteps={EPOCH * (stopped_at + 1)}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.output[-3000:]
     assert epochs(run_dir) == list(range(1, stopped_at + 2))
     after = sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert set(checkpoints) <= set(after)
 
 
-@pytest.mark.slow
-def test_a_rerun_in_a_folder_whose_checkpoints_were_deleted_is_refused_and_changes_nothing(tmp_path):
+def test_a_rerun_in_a_folder_whose_checkpoints_were_deleted_is_refused_and_changes_nothing(finished, tmp_path):
     """History without checkpoints (a user deleted them to save space): another start there, even with another
     seed, is refused with the command that starts in a new folder; nothing in the folder changes (item 3)."""
-    run_dir = tmp_path / "run"
-    first = run_train([*TINY, f"trainer.total_timesteps={2 * EPOCH}", f"hydra.run.dir={run_dir}"])
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = shutil.copytree(finished["run"], tmp_path / "run")
     for path in (run_dir / "checkpoints").glob("checkpoint_*.pt"):
         path.unlink()
     before = snapshot(run_dir)
-    again = run_train([*TINY, f"trainer.total_timesteps={2 * EPOCH}", "system.seed=7", f"hydra.run.dir={run_dir}"])
+    again = run_script(
+        "train.py", *TINY, f"trainer.total_timesteps={2 * EPOCH}", "system.seed=7", f"hydra.run.dir={run_dir}"
+    )
     line = one_error_line(again)
     assert "holds a run's history" in line and "no checkpoint_*.pt" in line
     assert f"hydra.run.dir={run_dir}-2" in line and "system.seed=7" in line
@@ -140,32 +133,39 @@ def test_a_rerun_in_a_folder_whose_checkpoints_were_deleted_is_refused_and_chang
     assert not Path(f"{run_dir}-2").exists()
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> dict[str, Path]:
+    """Two finished runs of train.py (2 epochs of the tiny run, a checkpoint each), "run" and "other", with their
+    .hydra/ records; tests copy them before they change anything."""
+    root = tmp_path_factory.mktemp("finished")
+    for name in ("run", "other"):
+        done = run_script("train.py", *TINY, f"trainer.total_timesteps={2 * EPOCH}", f"hydra.run.dir={root / name}")
+        assert done.returncode == 0, done.output[-3000:]
+    return {name: root / name for name in ("run", "other")}
+
+
 @pytest.mark.parametrize(
     "refusal",
     ["lock held", "bad value", "another run's checkpoint"],
 )
-def test_a_refused_run_leaves_the_folder_and_its_record_as_they_were(tmp_path, refusal):
+def test_a_refused_run_leaves_the_folder_and_its_record_as_they_were(finished, tmp_path, refusal):
     """A second command on a finished (or running) run's folder that is refused (its lock is held, a bad value, a
     resume from another run) leaves every file of the folder byte for byte, its .hydra/ record included, so
     machina.compare still shows the first run's settings (item 4)."""
-    run_dir, other = tmp_path / "run", tmp_path / "other"
-    for folder in (run_dir, other):
-        done = run_train([*TINY, f"trainer.total_timesteps={EPOCH}", f"hydra.run.dir={folder}"])
-        assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = shutil.copytree(finished["run"], tmp_path / "run")
     args = [*TINY, f"trainer.total_timesteps={3 * EPOCH}", "optimizer.lr=0.01", f"hydra.run.dir={run_dir}"]
     if refusal == "lock held":
         with RunLock(run_dir):
             before = snapshot(run_dir)
-            line = one_error_line(run_train(args))
+            line = one_error_line(run_script("train.py", *args))
             assert "in use by PID" in line and snapshot(run_dir) == before
     else:
         before = snapshot(run_dir)
         if refusal == "bad value":
-            line = one_error_line(run_train([*args, "experience.minibatch_size=3000"]))
+            line = one_error_line(run_script("train.py", *args, "experience.minibatch_size=3000"))
             assert "experience.minibatch_size" in line
         else:
-            line = one_error_line(run_train([*args, f"resume={other}"]))
+            line = one_error_line(run_script("train.py", *args, f"resume={finished['other']}"))
             assert "another run's checkpoint" in line
         assert snapshot(run_dir) == before
     assert "optimizer.lr=0.01" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
@@ -195,13 +195,14 @@ BAD_VALUES = {
 def test_a_bad_value_is_one_line_and_creates_no_folder(tmp_path, bad):
     """``python train.py <bad value>`` with Hydra's default timestamped folder: exit 2, one line naming the key, no
     traceback, and the working directory is left empty (no outputs/ folder)."""
-    result = run_train(["debug=tiny", "wandb=disabled", bad], cwd=tmp_path)
+    result = run_script("train.py", "debug=tiny", "wandb=disabled", bad, cwd=tmp_path)
     assert BAD_VALUES[bad] in one_error_line(result)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_an_unknown_gymnasium_module_is_one_line_and_creates_no_folder(tmp_path):
+    """The real script's process (the bad values above run in this one): exit code 2, one line, no folder."""
     pytest.importorskip("gymnasium")
     result = run_train(["experiment=cartpole", "wandb=disabled", "env.id=missing.mod:Env-v0"], cwd=tmp_path)
     assert "env.id=missing.mod:Env-v0" in one_error_line(result)
@@ -230,13 +231,12 @@ def test_the_second_ctrl_c_stops_a_run_that_inherited_sigint_ignored(tmp_path):
     assert "interrupted twice" in output
 
 
-@pytest.mark.slow
 def test_an_unusable_run_folder_with_an_interpolation_is_refused_before_hydra_starts(tmp_path):
     """``hydra.run.dir`` with ``${now:...}`` under a path that cannot hold a folder (a file, as a folder root cannot
     write into is not testable as root): the folder is resolved once, checked and refused in one line (item 10)."""
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    result = run_train(["debug=tiny", "wandb=disabled", f"hydra.run.dir={blocker}/${{now:%H-%M-%S}}"])
+    result = run_script("train.py", "debug=tiny", "wandb=disabled", f"hydra.run.dir={blocker}/${{now:%H-%M-%S}}")
     assert "is not a folder" in one_error_line(result) and "hydra.run.dir" in one_error_line(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 

@@ -12,7 +12,8 @@ from machina import keys
 from machina.env.spec import PAD_TOKEN
 from machina.errors import ConfigError
 from machina.startup.build import build
-from tests.conftest import compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 
 TINY = ["env.num_envs=4", "env.max_steps=30", "experience.batch_size=256", "experience.bptt_horizon=16"]
 TINY += ["experience.minibatch_size=128", "trainer.total_timesteps=512", "policy=fast"]
@@ -138,8 +139,8 @@ def test_a_restored_rollout_acts_on_the_new_episodes_the_env_started():
 def test_short_training_run_writes_metrics(tmp_path):
     pytest.importorskip("mettagrid")
     run_dir = tmp_path / "run"
-    result = run_train(["env=mettagrid_arena", *TINY, "wandb=disabled", f"hydra.run.dir={run_dir}"])
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_script("train.py", "env=mettagrid_arena", *TINY, "wandb=disabled", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.output[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["metric/agent_step"] for r in rows] == [256, 512]
     assert all(r["overview/sps"] > 0 and "env/hearts_made" in r for r in rows)

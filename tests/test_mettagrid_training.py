@@ -10,7 +10,8 @@ import pytest
 
 from machina.run import train
 from machina.training.checkpoint import load_checkpoint
-from tests.conftest import compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 from tests.test_checkpoint import reporting
 from tests.test_eval import run_eval
 from tests.test_mettagrid_workers import alive
@@ -116,7 +117,9 @@ def test_a_refused_game_file_stops_train_py_before_anything_is_written(tmp_path)
     evil = tmp_path / "evil.yaml"
     evil.write_text("game:\n  map_builder: {type: os.system, command: touch pwned}\n")
     run_dir = tmp_path / "run"
-    done = run_train(["env=mettagrid", f"env.game={evil}", f"hydra.run.dir={run_dir}", "wandb=disabled"], cwd=tmp_path)
+    done = run_script(
+        "train.py", "env=mettagrid", f"env.game={evil}", f"hydra.run.dir={run_dir}", "wandb=disabled", cwd=tmp_path
+    )
     assert done.returncode == 2
     refusal = "game.map_builder.type='os.system' is not one of MettaGrid's map builders or scenes"
     assert refusal in done.stdout + done.stderr

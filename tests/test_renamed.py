@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from machina.startup import preflight
 from machina.startup.build import build
 from machina.startup.renamed import RENAMED, renamed
-from tests.conftest import compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import compose_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Groups selected so that every renamed key's new home is in the composed config.
@@ -72,7 +73,7 @@ def test_preflight_checks_the_new_spelling_of_an_old_key():
 
 
 def test_train_py_takes_the_old_spellings(tmp_path):
-    result = run_train(["learner.gamma=0.93", "learner.vtrace_c_clip=0.6", "--cfg", "job"], cwd=tmp_path)
+    result = run_script("train.py", "learner.gamma=0.93", "learner.vtrace_c_clip=0.6", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     advantage = OmegaConf.create(result.stdout).learner.advantage
     assert advantage.gamma == 0.93 and advantage.c_clip == 0.6

@@ -24,7 +24,8 @@ from machina.files import checksum
 from machina.policy.io import load_policy
 from machina.startup.build import build, build_trainer
 from machina.training.checkpoint import Checkpointer, load_checkpoint
-from tests.conftest import ROOT, compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import ROOT, compose_config
 from tests.test_checkpoint import EPOCH, TINY, metrics, random_policy_file, run, run_reporting
 
 # What an attacker's policy file puts into its architecture: (slot, argument or None for the slot itself, value)
@@ -128,13 +129,7 @@ def test_load_policy_builds_only_allowed_classes_from_plain_values(policy_file, 
 def test_eval_and_teacher_refuse_a_payload_and_write_nothing(policy_file, tmp_path):
     marker = tmp_path / MARKER
     bad = craft(torch.load(policy_file, weights_only=True), PAYLOADS["pathlib"][0], marker, tmp_path / "bad.pt")
-    evaluated = subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), f"checkpoint={bad}", "episodes=2", f"hydra.run.dir={tmp_path / 'e'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    evaluated = run_script("eval.py", f"checkpoint={bad}", "episodes=2", f"hydra.run.dir={tmp_path / 'e'}")
     output = evaluated.stdout + evaluated.stderr
     assert evaluated.returncode == 2 and "architecture.critic._target_" in output, output[-2000:]
     assert not marker.exists() and not (tmp_path / "e" / "eval.json").exists()
@@ -144,7 +139,7 @@ def test_eval_and_teacher_refuse_a_payload_and_write_nothing(policy_file, tmp_pa
         f"losses.eer_kickstarter.teacher.path={bad}",
         f"hydra.run.dir={tmp_path / 't'}",
     ]
-    trained = run_train([*TINY, f"trainer.total_timesteps={EPOCH}", *teacher], timeout=300)
+    trained = run_script("train.py", *TINY, f"trainer.total_timesteps={EPOCH}", *teacher)
     output = trained.stdout + trained.stderr
     assert trained.returncode == 2 and "architecture.critic._target_" in output, output[-2000:]
     assert not marker.exists() and not (tmp_path / "t" / "checkpoints").exists()

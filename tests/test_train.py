@@ -28,6 +28,7 @@ from machina.startup.build import build, build_trainer
 from machina.training import experience as experience_module
 from machina.training.epoch_metrics import summarize
 from machina.training.trainer import Trainer
+from tests.commands import run_script
 from tests.conftest import compose_config, interrupt_train, run_train
 from tests.test_checkpoint import teacher  # noqa: F401 (a fixture: a policy file for eer_kickstarter)
 from tests.wandb_reader import find_runs, read_run
@@ -90,16 +91,17 @@ def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dir
 
 
 def test_bad_setting_exits_with_a_message_not_a_traceback(tmp_path):
-    result = run_train([*TINY, "experience.batch_size=1000", f"hydra.run.dir={tmp_path}", "wandb=disabled"])
+    """In this process (tests.commands); test_preflight.py runs the real script for its exit code."""
+    result = run_script("train.py", *TINY, "experience.batch_size=1000", f"hydra.run.dir={tmp_path}", "wandb=disabled")
     assert result.returncode == 2
-    assert "experience.batch_size=1000 must be a multiple of agents x bptt_horizon" in result.stderr + result.stdout
-    assert "Traceback" not in result.stderr
+    assert "experience.batch_size=1000 must be a multiple of agents x bptt_horizon" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_unknown_group_option_is_reported(tmp_path):
-    result = run_train(["policy=nope", f"hydra.run.dir={tmp_path / 'run'}"])
+    result = run_script("train.py", "policy=nope", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2
-    assert "ConfigError: policy=nope: 'nope' is not an option of group policy; options: fast, mlp, vit" in result.stderr
+    assert "ConfigError: policy=nope: 'nope' is not an option of group policy; options: fast, mlp, vit" in result.output
     assert not (tmp_path / "run").exists()
 
 
