@@ -214,9 +214,9 @@ def test_a_bad_setting_is_refused_before_anything_is_evaluated_or_written(folder
 # name: (the resolved_config.yaml's bytes, what the refusal says)
 DAMAGED = {
     "unparsable": (b"env: [unclosed\n", "not valid YAML at line 2"),
-    "not a mapping": (b"- a\n- list\n", "holds ['a', 'list'], not a mapping"),
+    "not a mapping": (b"- a\n- list\n", "holds a list, not a mapping"),
     "no env": (b"seed: 1\n", "has no env settings"),
-    "env not a mapping": (b"env: 5\n", "env is 5, not a mapping"),
+    "env not a mapping": (b"env: 5\n", "env is of type int, not a mapping"),
     "not utf-8": (b"env: \xff\xfe\n", "cannot be read"),
     "an impossible date": (b"env:\n  height: 2024-13-45\n", "not valid YAML (month must be in 1..12)"),
     "a date": (b"env:\n  _target_: machina.env.machina_1.Machina1Env\n  height: 2024-01-01\n", "env.height is a date"),
@@ -239,6 +239,27 @@ def test_a_damaged_run_folder_is_one_line(folder, name):
     line = refusal(eval_py(folder, f"checkpoint={folder / 'run'}", "episodes=2", "replay=false"))
     assert "resolved_config.yaml" in line and expected in line, line
     assert files(folder) == before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sk-SECRET-1234\n",  # the whole file one string: resolved_config.yaml a link to a token file
+        "env: sk-SECRET-1234\n",
+        "env:\n  _target_: machina.env.machina_1.Machina1Env\n  height: sk-${SECRET-1234}\n",
+        "env:\n  _target_: machina.env.machina_1.Machina1Env\n  _convert_: sk-SECRET-1234\n",
+    ],
+)
+def test_a_refusal_quotes_no_value_of_the_file_it_read(folder, tmp_path, text):
+    # A run folder from elsewhere can name any file of this disk as its resolved_config.yaml (a link): a secret in
+    # that file must not be printed by the refusal.
+    secret = tmp_path / "token"
+    secret.write_text(text)
+    config = folder / "run" / "resolved_config.yaml"
+    config.unlink()
+    config.symlink_to(secret)
+    line = refusal(eval_py(folder, f"checkpoint={folder / 'run'}", "episodes=2", "replay=false"))
+    assert "resolved_config.yaml" in line and "SECRET" not in line, line
 
 
 def test_an_output_folder_that_cannot_be_written_is_one_line(folder):
@@ -280,7 +301,7 @@ def test_the_composed_env_of_each_env_group_passes_the_checks(name):
         ({"kwargs": {"x": [1, {"_target_": "os.system"}]}}, "env.kwargs.x[1]._target_ names an object to build"),
         ({"_target_": "os.system"}, "env._target_ is 'os.system', which no config on the search path names"),
         ({"heigth": 7}, "env.heigth is not a setting of Machina1Env"),
-        ({"height": "${oc.env:HOME}"}, "env.height is '${oc.env:HOME}', an interpolation"),
+        ({"height": "${oc.env:HOME}"}, "env.height is a string with ${...}, an interpolation"),
     ],
 )
 def test_env_factory_refuses_what_is_not_an_env_with_plain_values(change, expected):

@@ -92,11 +92,11 @@ def check_env_settings(settings: Any, source: str = "", composed: bool = False, 
     interpolation, or a value that is not plain."""
     prefix = f"{source}: " if source else ""
     if not isinstance(settings, dict):
-        raise ConfigError(f"{prefix}env is {shorten(settings)}, not a mapping of env settings")
+        raise ConfigError(f"{prefix}env is of type {type(settings).__name__}, not a mapping of env settings")
     check_plain(settings, source or "the env config", "env")
     target = settings.get("_target_")
     if not isinstance(target, str):
-        raise ConfigError(f"{prefix}env._target_ is {shorten(target)}, not the name of an env class")
+        raise ConfigError(f"{prefix}env._target_ is of type {type(target).__name__}, not the name of an env class")
     if not composed and not (trusted or in_force()).allows(target):
         raise ConfigError(
             f"{prefix}env._target_ is {shorten(target)}, which no config on the search path names; settings read "
@@ -106,7 +106,7 @@ def check_env_settings(settings: Any, source: str = "", composed: bool = False, 
         )
     if settings.get("_convert_", "all") not in CONVERT_MODES:
         raise ConfigError(
-            f"{prefix}env._convert_ is {shorten(settings['_convert_'])}, not one of {', '.join(CONVERT_MODES)}"
+            f"{prefix}env._convert_ is not one of {', '.join(CONVERT_MODES)}"
         )
     for key, value in settings.items():
         if key.startswith("_") and key not in ("_target_", "_convert_"):

@@ -63,7 +63,8 @@ def parse_yaml(text: str | bytes, source: str) -> Any:
 def plain_mapping(data: Any, source: str) -> dict[str, Any]:
     """``data`` (a config read from ``source``), checked to be a mapping of plain values."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: holds {shorten(data)}, not a mapping of settings; {WHAT}")
+        # Its type, not its value: the file may be any file on the disk (a link), a secret in it is not to be printed.
+        raise ConfigError(f"{source}: holds a {type(data).__name__}, not a mapping of settings; {WHAT}")
     check_plain(data, source)
     return data
 
@@ -75,7 +76,7 @@ def check_plain(value: Any, source: str, key: str = "") -> None:
 
     def walk(node: Any, key: str, depth: int) -> None:
         if isinstance(node, str) and "${" in node:
-            raise refuse(source, key, f"is {shorten(node)}, an interpolation or resolver call")
+            raise refuse(source, key, "is a string with ${...}, an interpolation or resolver call")
         if isinstance(node, PLAIN):
             return
         if not isinstance(node, dict | list):
@@ -93,7 +94,7 @@ def check_plain(value: Any, source: str, key: str = "") -> None:
             return
         for name, item in node.items():
             if not isinstance(name, str):
-                raise refuse(source, key, f"has a key {shorten(name)} of type {type(name).__name__}, not a string")
+                raise refuse(source, key, f"has a key of type {type(name).__name__}, not a string")
             walk(item, join(key, name), depth + 1)
 
     walk(value, key, 0)
