@@ -105,9 +105,7 @@ def check_env_settings(settings: Any, source: str = "", composed: bool = False, 
             "env._target_=...)"
         )
     if settings.get("_convert_", "all") not in CONVERT_MODES:
-        raise ConfigError(
-            f"{prefix}env._convert_ is not one of {', '.join(CONVERT_MODES)}"
-        )
+        raise ConfigError(f"{prefix}env._convert_ is not one of {', '.join(CONVERT_MODES)}")
     for key, value in settings.items():
         if key.startswith("_") and key not in ("_target_", "_convert_"):
             raise ConfigError(f"{prefix}env.{key} is not an env setting; an env node names its class and its values")
