@@ -28,6 +28,8 @@ PARTS = {
     "metrics.jsonl": (FILE, None),
     "resolved_config.yaml": (FILE, None),
     ".machina.lock": (FILE, None),
+    "checkpoints/.write_test": (FILE, None),  # the checkpointer's write probe
+    "checkpoints/.checkpoint_000001.pt.tmp": (FILE, None),  # a killed write's temp file, removed at the start
     "metrics.csv": (FILE, ["logger=[console,jsonl,csv]"]),
     "wandb": (FOLDER, ["logger=[console,jsonl,wandb]", "wandb=offline"]),
 }
@@ -77,7 +79,7 @@ def test_a_part_of_the_wrong_kind_is_refused_before_anything_is_written(tmp_path
     (outside / "a_folder").mkdir(parents=True)
     (outside / "users_own_file.txt").write_text("the user's own file\n")
     folder = tmp_path / "run"
-    folder.mkdir()
+    (folder / part).parent.mkdir(parents=True)
     plant(folder / part, kind, outside)
     before = state(tmp_path)
     code, message = run_reporting(folder, *(PARTS[part][1] or []), epochs=1)
