@@ -346,6 +346,7 @@ def test_dump_json_and_a_users_function(tmp_path, monkeypatch):
         (["arena", "g.yaml", "agents_per_env=many"], r"arena agents_per_env=many: .*valid integer"),
         (["arena", "g.pkl"], r"a game file ends in .yaml, .yml or .json, not '.pkl'"),
         (["arena", "g.yaml", "window=17"], r"g.yaml: game.obs.width=17 must be odd and at most 15"),
+        (["arena", "no_such_folder/g.yaml"], r"cannot write the game file 'no_such_folder/g.yaml': No such file"),
     ],
 )
 def test_dump_refuses_bad_input_and_writes_nothing(args, message, tmp_path, monkeypatch, capsys):

@@ -25,7 +25,6 @@ import argparse
 import importlib
 import inspect
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +59,7 @@ from mettagrid.mapgen.scenes.random import Random
 
 from machina.env.mettagrid import game_file
 from machina.errors import ConfigError, one_line
+from machina.files.atomic import atomic_write
 
 # Agent stats (per agent, summed over an env's agents at episode end) that machina reports as episode stats.
 ORE_STAT, HEART_STAT, COIN_STAT = "ore.mined", "heart.made", "coin.taken"
@@ -213,14 +213,17 @@ def render_game(cfg: MettaGridConfig, suffix: str, description: str = "") -> str
 
 def write_game(cfg: MettaGridConfig, path: str | Path, description: str = "") -> Path:
     """Write ``cfg`` to ``path`` as a game file (``render_game``; the suffix picks the format) once
-    ``game_file.parse_game`` accepts its text, atomically (a temp file, then a rename). ConfigError, with nothing
-    written, for a game that would be refused when read back."""
+    ``game_file.parse_game`` accepts its text, atomically (``machina.files.atomic``: a temp file, then a rename).
+    ConfigError, with nothing written, for a game that would be refused when read back or a path that cannot be
+    written."""
     path = Path(path)
     text = render_game(cfg, path.suffix, description)
     game_file.parse_game(text, path.suffix, str(path))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    data = text.encode("utf-8")
+    try:
+        atomic_write(path, lambda file: file.write(data))
+    except OSError as err:  # a missing folder, no permission, a full disk: the path and the reason, one line
+        raise ConfigError(f"cannot write the game file {str(path)!r}: {err.strerror or err}") from None
     return path
 
 
