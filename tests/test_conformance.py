@@ -81,6 +81,7 @@ def test_the_default_recipe_resumes_bit_exactly_and_evaluates(tmp_path):
     assert (tmp_path / "eval" / "eval.json").is_file()
 
 
+@pytest.mark.slow  # three CartPole trainings and an eval.py process
 def test_an_env_that_starts_new_episodes_on_resume_is_held_to_the_epochs_before_the_stop(tmp_path):
     """Gymnasium's envs cannot be saved (continues_episodes false): after the resume its episodes differ from the
     uninterrupted run's, which the round trip allows; the epoch before the stop must still be the same."""

@@ -1,9 +1,11 @@
 """The tutorials work as written: each page of docs/tutorials/ is run block by block, in order, in a fresh working
 folder holding an empty ``outputs/`` (as the repository does), as a reader would type it from the repository's root.
 
-- A ``bash`` block runs in bash (``set -e``); ``python train.py``, ``python eval.py`` and ``torchrun ... train.py``
-  name the repository's scripts, and every training command gets ``SMALL`` (replacing the same keys) so that it
-  trains one epoch.
+- A ``bash`` block runs line by line, stopping at the first that fails; ``python train.py``, ``python eval.py`` and
+  ``torchrun ... train.py`` name the repository's scripts, and every training command gets ``SMALL`` (replacing the
+  same keys) so that it trains one epoch. ``python train.py|eval.py ...`` and ``python -m machina.X ...`` run in
+  this process as their scripts run them (``tests/commands.py``: no interpreter to start), every other line in bash
+  (``set -euo pipefail``).
 - A ``python`` block runs in this process, in the working folder; one whose first line is a comment naming a file
   (``# my_games.py``) is written to that file instead, as the page asks the reader to save it.
 - ``shell`` and unmarked blocks are shown only: they need GPUs, a cluster, the network or many minutes.
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.commands import Result, run_module, run_script
+
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "docs" / "tutorials"
 RUN_ELSEWHERE = {"own_package.md": ROOT / "tests" / "test_own_package.py"}
@@ -28,6 +32,7 @@ BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 # One epoch of whatever batch the command sets (a run stops at the first whole epoch at or past its total), no W&B.
 SMALL = {"trainer.total_timesteps": "1", "wandb": "disabled", "system.threads": "1"}
 NEEDS = {"mettagrid_game.md": "mettagrid"}
+QUIET = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def runnable(page: Path) -> list[tuple[str, str]]:
@@ -45,9 +50,23 @@ def command_line(line: str) -> str:
     return shlex.join([*words, *(f"{key}={value}" for key, value in SMALL.items())])
 
 
+def in_process(line: str) -> Result | None:
+    """Run a tutorial line here when it is one of the repository's commands with no shell syntax; else None."""
+    if re.search(r"[|&;<>$`]", line):
+        return None
+    words = shlex.split(line)
+    if words[:1] != [sys.executable] or len(words) < 2:
+        return None
+    if words[1] in (str(ROOT / "train.py"), str(ROOT / "eval.py")):
+        return run_script(Path(words[1]).name, *words[2:], cwd=Path.cwd(), env=QUIET)
+    if words[1] == "-m" and words[2].startswith("machina."):
+        return run_module(words[2], *words[3:], cwd=Path.cwd())
+    return None
+
+
 def run_page(page: Path, work: Path) -> None:
     (work / "outputs").mkdir()  # as in the repository, which ships an empty outputs/
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **QUIET}
     for kind, text in runnable(page):
         first = text.splitlines()[0]
         if kind == "python" and re.fullmatch(r"# [\w/]+\.py", first):
@@ -55,11 +74,12 @@ def run_page(page: Path, work: Path) -> None:
         elif kind == "python":
             exec(compile(text, f"{page.name}: python block", "exec"), {"__name__": "__tutorial__"})
         else:
-            script = "set -euo pipefail\n" + "\n".join(command_line(line) for line in text.splitlines())
-            done = subprocess.run(
-                ["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=600
-            )
-            assert done.returncode == 0, f"{page.name}:\n{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            for line in map(command_line, text.splitlines()):
+                done = in_process(line) or subprocess.run(
+                    ["bash", "-c", f"set -euo pipefail\n{line}"], cwd=work, env=env, capture_output=True, text=True,
+                    timeout=600,
+                )  # fmt: skip
+                assert done.returncode == 0, f"{page.name}:\n{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def test_every_tutorial_runs_here_or_in_the_test_named_for_it():
@@ -85,4 +105,5 @@ def test_the_tutorial_runs_as_written(name, tmp_path, monkeypatch):
     if name in NEEDS:
         pytest.importorskip(NEEDS[name])
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` puts the working folder first: the page's own modules
     run_page(TUTORIALS / name, tmp_path)

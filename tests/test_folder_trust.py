@@ -4,7 +4,7 @@ Every check comes before any write, also for a rewind into a ``rewound`` that is
 its config; no two sinks write one file and ``Sink`` itself is no sink; a resume of the folder's own archived future
 says what it is and prints the command that continues it; a stop says what it leaves; a rename is synced with its
 folder; and a sparse file costs what is read from it, not what its size claims on disk. Command-line behaviour is
-checked with real ``train.py`` subprocesses and real folders.
+checked with ``train.py`` run as its script runs (in this process; one real subprocess) and real folders.
 """
 
 import io
@@ -21,6 +21,7 @@ import torch
 from machina.errors import ConfigError
 from machina.files import atomic, torch_file
 from machina.run_folder.reading import MAX_DOCUMENT, read_run
+from tests.commands import run_script
 from tests.conftest import ROOT, run_train
 from tests.test_checkpoint import EPOCH, TINY, metrics, run, run_reporting
 from tests.test_history import KEEP_ALL, one_error_line, snapshot
@@ -33,8 +34,8 @@ def test_a_rewind_into_a_rewound_that_is_a_file_is_refused_before_anything_is_wr
     (tmp_path / "rewound").write_text("not a folder")
     before = snapshot(tmp_path)
     checkpoint = tmp_path / "checkpoints" / "checkpoint_000001.pt"
-    result = run_train(
-        [*TINY, f"trainer.total_timesteps={2 * EPOCH}", f"hydra.run.dir={tmp_path}", f"resume={checkpoint}"]
+    result = run_script(
+        "train.py", *TINY, f"trainer.total_timesteps={2 * EPOCH}", f"hydra.run.dir={tmp_path}", f"resume={checkpoint}"
     )
     line = one_error_line(result)
     assert str(tmp_path / "rewound") in line and "is not a folder" in line, line
@@ -42,7 +43,9 @@ def test_a_rewind_into_a_rewound_that_is_a_file_is_refused_before_anything_is_wr
 
 
 def test_a_refused_value_in_a_command_naming_its_config_leaves_no_folder(tmp_path):
-    """``-cn`` (as a sweep launcher passes it) used to skip the pre-flight: Hydra's folder stayed after a refusal."""
+    """``-cn`` (as a sweep launcher passes it) used to skip the pre-flight: Hydra's folder stayed after a refusal.
+    The real script's process, its exit code (the other spellings run in this process:
+    ``tests/test_fuzz_folder_kinds.py``)."""
     folder = tmp_path / "new" / "run"
     line = one_error_line(run_train(["-cn", "config", *TINY, "trainer.total_timesteps=abc", f"hydra.run.dir={folder}"]))
     assert "trainer.total_timesteps" in line, line
@@ -52,7 +55,7 @@ def test_a_refused_value_in_a_command_naming_its_config_leaves_no_folder(tmp_pat
 def test_an_unknown_key_in_a_command_naming_its_config_gets_machinas_one_line(tmp_path):
     folder = tmp_path / "run"
     line = one_error_line(
-        run_train(["--config-name", "config", *TINY, "trainer.total_timestep=5", f"hydra.run.dir={folder}"])
+        run_script("train.py", "--config-name", "config", *TINY, "trainer.total_timestep=5", f"hydra.run.dir={folder}")
     )
     assert "no key 'trainer.total_timestep'" in line and "did you mean 'trainer.total_timesteps'" in line, line
     assert not folder.exists()

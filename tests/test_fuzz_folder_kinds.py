@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF, run_train
+from tests.commands import run_script
+from tests.conftest import CONF
 from tests.test_checkpoint import TINY, run_reporting
 from tests.test_history import one_error_line
 
@@ -98,16 +99,19 @@ SPELLINGS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spelling", SPELLINGS)
-@pytest.mark.parametrize("refusal", ["trainer.total_timestep=10", "trainer.total_timesteps=abc"])
+@pytest.mark.parametrize(
+    "refusal",
+    ["trainer.total_timestep=10", pytest.param("trainer.total_timesteps=abc", marks=pytest.mark.slow)],  # 1 s each
+)
 def test_a_command_naming_its_config_is_refused_as_one_without_and_leaves_no_folder(tmp_path, spelling, refusal):
     """An unknown key (machina's one line, not Hydra's) and a bad value (refused after Hydra made the folder, which
-    is removed again) under every spelling of naming the config."""
+    is removed again) under every spelling of naming the config, run as ``python train.py`` runs in this process
+    (``tests/test_folder_trust.py`` runs the real script with ``-cn``)."""
     extra = tmp_path / "extra"
     extra.mkdir()
     naming = [arg.replace("EXTRA", str(extra)) for arg in SPELLINGS[spelling]]
     folder = tmp_path / "new" / "run"
-    line = one_error_line(run_train([*naming, *TINY, refusal, f"hydra.run.dir={folder}"]))
+    line = one_error_line(run_script("train.py", *naming, *TINY, refusal, f"hydra.run.dir={folder}"))
     assert refusal.split("=")[0] in line, line
     assert not (tmp_path / "new").exists()

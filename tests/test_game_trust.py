@@ -8,14 +8,13 @@ game file changed or deleted after its run trained; a resume on another game.
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from machina.errors import ConfigError
-from tests.conftest import ROOT, run_train
+from tests.commands import Result, run_script
+from tests.conftest import run_train
 from tests.test_mettagrid_workers import deadline
 
 pytest.importorskip("mettagrid")
@@ -31,8 +30,13 @@ SECRET = "sk-live-0123456789abcdef"
 
 
 def eval_py(args, cwd):
-    command = [sys.executable, str(ROOT / "eval.py"), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+    """``python eval.py ARGS`` from ``cwd``, in this process."""
+    return run_script("eval.py", *args, cwd=cwd)
+
+
+def train_py(args, cwd):
+    """``python train.py ARGS`` from ``cwd``, in this process."""
+    return run_script("train.py", *args, cwd=cwd)
 
 
 def arena_with(**game) -> dict:
@@ -46,7 +50,7 @@ def arena_with(**game) -> dict:
     return data
 
 
-def refused(done: subprocess.CompletedProcess, words: str) -> bool:
+def refused(done: Result, words: str) -> bool:
     """Whether the command stopped with exit 2 and one line holding ``words``, no traceback."""
     out = done.stdout + done.stderr
     lines = [line for line in out.splitlines() if words in line]
@@ -59,13 +63,12 @@ def trained(tmp_path_factory):
     home = tmp_path_factory.mktemp("trained")
     game = write_game(arena_config(agents_per_env=2, mines=6), home / "my_arena.yaml")
     run_dir = home / "run"
-    done = run_train([*TINY, f"env.game={game}", "trainer.total_timesteps=320", f"hydra.run.dir={run_dir}"],
-                     cwd=home)  # fmt: skip
+    done = train_py([*TINY, f"env.game={game}", "trainer.total_timesteps=320", f"hydra.run.dir={run_dir}"], home)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir, game
 
 
-@pytest.mark.slow  # train.py / eval.py subprocesses
+@pytest.mark.slow  # the real train.py: its exit code, within a timeout
 def test_a_fifo_named_as_a_game_is_refused_at_once_by_train_py_and_eval_py(tmp_path, trained):
     fifo = tmp_path / "game.yaml"
     os.mkfifo(fifo)  # open() for reading would wait for a writer that never comes
@@ -74,7 +77,10 @@ def test_a_fifo_named_as_a_game_is_refused_at_once_by_train_py_and_eval_py(tmp_p
     assert refused(done, "is a FIFO (named pipe), not a regular file"), done.stdout + done.stderr
     assert not run_dir.exists()
     out = tmp_path / "eval"
-    done = eval_py([f"checkpoint={trained[0]}", f"+env.game={fifo}", "replay=false", f"hydra.run.dir={out}"], tmp_path)
+    with deadline(120):  # a hang guard, as the subprocess's timeout above
+        done = eval_py(
+            [f"checkpoint={trained[0]}", f"+env.game={fifo}", "replay=false", f"hydra.run.dir={out}"], tmp_path
+        )
     assert refused(done, "is a FIFO (named pipe), not a regular file") and not out.exists()
 
 
@@ -145,12 +151,11 @@ def test_a_game_too_large_to_allocate_names_its_own_field(change, setting, tmp_p
     assert str(err.value).startswith(f"env.game={path}: {setting} ")
 
 
-@pytest.mark.slow  # train.py / eval.py subprocesses
 def test_a_game_of_20000_agents_stops_train_py_in_one_line_before_anything_is_written(tmp_path):
     path = tmp_path / "crowd.json"
     path.write_text(json.dumps(arena_with(num_agents=20_000, map_builder__agents=20_000)))
     run_dir = tmp_path / "run"
-    done = run_train([*TINY, f"env.game={path}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    done = train_py([*TINY, f"env.game={path}", f"hydra.run.dir={run_dir}"], tmp_path)
     assert refused(done, f"game.num_agents=20000 is more than {game_file.MAX_AGENTS} agents per env")
     assert not run_dir.exists()
 
@@ -167,7 +172,7 @@ def test_a_credentials_file_named_as_a_game_is_refused_without_a_word_of_it(tmp_
     assert SECRET not in str(err.value) and "game.num_agents" in str(err.value)
 
 
-@pytest.mark.slow  # train.py / eval.py subprocesses
+@pytest.mark.slow  # a MettaGrid training (the trained run) and evaluations
 def test_a_run_is_evaluated_on_its_own_game_when_the_file_changes_and_resumes_only_on_it(tmp_path, trained):
     run_dir, game = trained
     args = [f"checkpoint={run_dir}", "episodes=2", "replay=false"]
@@ -182,15 +187,15 @@ def test_a_run_is_evaluated_on_its_own_game_when_the_file_changes_and_resumes_on
         assert rows[0]["policy"] == rows[1]["policy"] and rows[0]["random"] == rows[1]["random"]
 
         copy = tmp_path / "copy"
-        resumed = run_train([*TINY, f"env.game={game}", "trainer.total_timesteps=640", f"resume={run_dir}",
-                             f"hydra.run.dir={copy}"], cwd=tmp_path)  # fmt: skip
+        resumed = train_py([*TINY, f"env.game={game}", "trainer.total_timesteps=640", f"resume={run_dir}",
+                            f"hydra.run.dir={copy}"], tmp_path)  # fmt: skip
         assert resumed.returncode == 2
         assert f"env.game={game}: not the game this run trained on" in resumed.stdout + resumed.stderr
     finally:
         game.write_text(original)
 
 
-@pytest.mark.slow  # train.py / eval.py subprocesses
+@pytest.mark.slow  # a MettaGrid training (the trained run) and evaluations
 def test_eval_reads_no_game_file_a_run_folder_names_without_a_kept_copy(tmp_path, trained):
     run_dir, _ = trained
     creds = tmp_path / "credentials.yaml"
@@ -209,7 +214,7 @@ def test_eval_reads_no_game_file_a_run_folder_names_without_a_kept_copy(tmp_path
     assert "the run kept no copy of its game" in done.stdout + done.stderr and not out.exists()
 
 
-@pytest.mark.slow  # train.py / eval.py subprocesses
+@pytest.mark.slow  # a MettaGrid training (the trained run) and evaluations
 def test_eval_bounds_what_a_run_folder_asks_of_this_machine(tmp_path, trained):
     run_dir, _ = trained
     folder = tmp_path / "greedy_run"

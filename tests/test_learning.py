@@ -93,41 +93,39 @@ def guard_run(tmp_path, name: str, args: list[str]) -> list[dict]:
 def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_path):
     """Guards the cheapest results of issues 21 and 32 on seed 1, the two runs side by side with one thread each.
 
-    The DAgger preset (experiment=machina_1_dagger): its first 50 epochs (3.3M agent steps, the teacher-led share
-    still 0.36) and its own periodic evaluation at epoch 50 (32 full episodes on held-out layouts, the policy acting
-    alone). The full preset passed that point at return 1.98 / 1.52 and 0.72 / 0.38 hearts deposited per env (seeds
-    1 / 2); PPO alone returns about 0.8 there and deposits nothing. The bars sit well below both seeds and above PPO.
+    The DAgger preset (experiment=machina_1_dagger): its first 25 epochs (1.6M agent steps, the teacher-led share
+    still 0.43) and its own periodic evaluation at epoch 25 (32 full episodes on held-out layouts, the policy acting
+    alone). Seeds 1 / 2 return 1.41 / 1.17 there and deposit 0.34 / 0.13 hearts per env (3.81 / 2.34 hearts at epoch
+    50); the same run with a learning rate of 0 returns 0.16 and deposits nothing.
 
-    The main job (`python train.py`): its first 100 epochs (6.6M agent steps, all on the curriculum's 7x7 maps, at
-    its constant rate, with its bf16 products). Its runs reach a training return of 1.53 / 1.39 with 0.25 / 0.16
-    hearts deposited per env (seeds 1 / 2, the mean of epochs 91-100; in float32 1.49 / 1.39 and 0.24 / 0.19, 1.59 /
-    1.48 and 0.33 / 0.23 with the policy's axis embeddings alone, 1.40 / 1.49 and 0.21 / 0.26 without any shared
-    rows); the main job before issue 32 (lr 0.001, entropy 0.01, gamma 0.99, no curriculum) at 0.80 with none
-    (0.003). The run's own periodic evaluation at epoch 100 plays the default 11x11 map (32 episodes on held-out
-    layouts), where they score 1.15 / 0.93 (in float32 1.09 / 0.84; 1.02 / 1.06 with the axis embeddings alone,
-    0.8-0.9 without; random: 0.17): a check that what it learns on the small maps carries over.
+    The main job (`python train.py`): its first 50 epochs (3.3M agent steps, all on the curriculum's 7x7 maps, at its
+    constant rate, with its bf16 products). Seeds 1 / 2 reach a training return of 1.27 / 1.23 with 0.17 / 0.17
+    hearts deposited per env (the mean of epochs 41-50; 1.53 / 1.39 and 0.25 / 0.16 at epochs 91-100), and the run's
+    own periodic evaluation at epoch 50 plays the default 11x11 map (32 episodes on held-out layouts) at 0.95 / 0.74:
+    a check that what it learns on the small maps carries over. With a learning rate of 0: 0.39 training return,
+    nothing deposited, 0.16 on the default map (a random policy: 0.17).
 
-    One seed each, the runs the two-seed guards made for seed 1 (seed 2 cleared the same bars there): a policy that
-    stops learning plays about as a random one, which returns 0.17 on the default map and deposits nothing."""
+    The bars sit below both seeds and well above a run that does not learn."""
     from concurrent.futures import ThreadPoolExecutor
 
-    dagger = ["experiment=machina_1_dagger", "system.seed=1", "trainer.total_timesteps=3276800"]
-    main_job = ["system.seed=1", "trainer.total_timesteps=6553600", "trainer.eval_interval=100"]
-    main_job.append("learner/lr_schedule=constant")  # as in the main job's first 100: its rate decays in its last fifth
+    dagger = ["experiment=machina_1_dagger", "system.seed=1", "trainer.total_timesteps=1638400"]
+    dagger.append("trainer.eval_interval=25")
+    main_job = ["system.seed=1", "trainer.total_timesteps=3276800", "trainer.eval_interval=50"]
+    main_job.append("learner/lr_schedule=constant")  # as in the main job's first 50: its rate decays in its last fifth
     with ThreadPoolExecutor(2) as pool:
         dagger_rows, main_rows = pool.map(
             lambda item: guard_run(tmp_path, *item), [("dagger", dagger), ("main", main_job)]
         )
 
     last = dagger_rows[-1]
-    assert last["metric/epoch"] == 50 and last["eval/episodes"] == 32
-    assert last["eval/return"] > 1.0 and last["eval/hearts_deposited"] > 0.1, last
+    assert last["metric/epoch"] == 25 and last["eval/episodes"] == 32
+    assert last["eval/return"] > 0.9 and last["eval/hearts_deposited"] > 0, last
 
     last = main_rows[-10:]
-    assert [r["metric/epoch"] for r in last] == list(range(91, 101))
+    assert [r["metric/epoch"] for r in last] == list(range(41, 51))
     assert {r["curriculum/stage"] for r in last} == {0}
     train_return = sum(r["env/return"] for r in last) / 10
     deposited = sum(r["env/hearts_deposited"] for r in last) / 10
     print(f"training return {train_return:.3f}, deposited {deposited:.3f}, eval {last[-1]['eval/return']:.3f}")
-    assert train_return > 1.1 and deposited > 0.1, (train_return, deposited)
-    assert last[-1]["eval/episodes"] == 32 and last[-1]["eval/return"] > 0.6, last[-1]
+    assert train_return > 1.0 and deposited > 0.1, (train_return, deposited)
+    assert last[-1]["eval/episodes"] == 32 and last[-1]["eval/return"] > 0.5, last[-1]
