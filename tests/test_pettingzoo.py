@@ -16,6 +16,7 @@ from machina.losses.functional import cloning_terms
 from machina.losses.ppo import PPOLoss
 from machina.progress import Progress
 from machina.startup.build import build
+from machina.training.learner import explained_variance
 from tests.conftest import compose_config
 
 RELAY = "tests.test_pettingzoo_relay:relay"
@@ -209,21 +210,17 @@ def rows(parts, key):
     return x.view(segments // n, n, horizon).transpose(0, 1).reshape(n, -1)
 
 
+def relay_rollout(*overrides: str):
+    """The trainer's parts for 2 relays (6 agents, 120 agent steps per epoch) after one rollout."""
+    base = ["env=pettingzoo", f"env.id={RELAY}", "env.num_envs=2", "policy=mlp", "experience.batch_size=120"]
+    parts = build(compose_config([*base, "experience.minibatch_size=30", *overrides]))
+    parts.rollout.run(Progress(0, 1))
+    return parts
+
+
 def test_the_trainer_stores_which_agents_acted():
     """The rollout stores ACTIVE with each observation: False exactly on the rows of finished agents."""
-    cfg = compose_config(
-        [
-            "env=pettingzoo",
-            f"env.id={RELAY}",
-            "env.num_envs=2",
-            "policy=mlp",
-            "experience.batch_size=120",
-            "experience.bptt_horizon=5",
-            "experience.minibatch_size=30",
-        ]
-    )
-    parts = build(cfg)
-    parts.rollout.run(Progress(0, 1))
+    parts = relay_rollout("experience.bptt_horizon=5")
     assert keys.ACTIVE in parts.experience.step_keys
     finish = torch.tensor([2, 4, 5]).repeat(2)
     # Episodes last 5 steps (the last runner's finish); an agent acts on the observations at t < its finish.
@@ -331,3 +328,31 @@ def test_a_discrete_observation_is_one_hot():
     td = env.step(torch.tensor([0, 2]))
     assert td[keys.OBS].tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
     assert td[keys.REWARDS].tolist() == [1.0, -1.0]
+
+
+def test_the_buffer_statistics_and_the_prioritized_draws_leave_out_inactive_agents():
+    """A rollout of the relay (runners finish after 2, 4, 5 of each 5-step episode): the experience's statistics are
+    those of the rows whose agent acted (each of their rewards is (i + 1) + a / 10 >= 1; the others are 0), and the
+    prioritized sampler never hands out a one-step segment of an agent that had finished."""
+    parts = relay_rollout("experience.bptt_horizon=1", "experience/sampler=prioritized")
+    exp = parts.experience
+    active = exp.buffer[keys.ACTIVE]
+    assert 0 < int(active.sum()) < active.numel()
+    metrics = exp.metrics()
+    for key in (keys.REWARDS, keys.VALUES):
+        assert float(metrics[f"experience/{key}_mean"]) == pytest.approx(float(exp.buffer[key][active].mean()))
+    assert float(metrics["experience/rewards_mean"]) >= 1.0
+    torch.manual_seed(0)
+    for _ in range(20):
+        exp.prepare_minibatches(torch.randn(exp.segments, 1), 0.0)
+        for i in range(exp.num_minibatches):
+            assert exp.minibatch(i, torch.zeros(exp.segments, 1)).stored[keys.ACTIVE].all()
+
+
+def test_explained_variance_over_the_active_rows_is_that_of_those_rows_alone():
+    generator = torch.Generator().manual_seed(0)
+    values, returns = torch.randn(6, 5, generator=generator), torch.randn(6, 5, generator=generator)
+    rows = torch.rand(6, 5, generator=generator) < 0.5
+    got = explained_variance(values, returns, rows)
+    assert float(got) == pytest.approx(float(explained_variance(values[rows], returns[rows])), abs=1e-5)
+    assert float(got) != pytest.approx(float(explained_variance(values, returns)), abs=1e-3)
