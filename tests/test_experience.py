@@ -225,3 +225,53 @@ def test_the_experience_reports_its_own_statistics():
     }
     assert float(metrics["experience/rewards_mean"]) == pytest.approx(150.0 + 3.5)
     assert all(value.dim() == 0 for value in metrics.values())
+
+
+ACTIVE_SPEC = {
+    keys.REWARDS: ((), torch.float32),
+    keys.VALUES: ((), torch.float32),
+    keys.ACT_LOG_PROB: ((), torch.float32),
+    keys.ACTIVE: ((), torch.bool),
+}
+
+
+def finishing(sampler=None) -> Experience:
+    """4 agents x 8 steps in one-step segments: agent i acts on steps t < 2 (i + 1) (agents that finish at different
+    times), with reward 10 i + t and value t when it acts and reward 0, value -50 on its rows after (what a policy
+    computes on an inactive agent's zero observation: any number)."""
+    sampler = sampler or partial(Sequential, shuffle=False)
+    exp = Experience(ACTIVE_SPEC, {}, 4, 32, 1, 8, sampler)
+    exp.reset_for_rollout()
+    agents = torch.arange(4)
+    for t in range(8):
+        active = t < 2 * (agents + 1)
+        step = {
+            keys.REWARDS: torch.where(active, agents * 10.0 + t, 0.0),
+            keys.VALUES: torch.where(active, float(t), -50.0),
+            keys.ACT_LOG_PROB: torch.full((4,), -1.0),
+            keys.ACTIVE: active,
+        }
+        exp.store(step, TensorDict({}, batch_size=[4]))
+    return exp
+
+
+def test_the_statistics_are_those_of_the_rows_whose_agent_acted():
+    exp = finishing()
+    active = exp.buffer[keys.ACTIVE]
+    metrics = exp.metrics()
+    for key in (keys.REWARDS, keys.VALUES, keys.RATIO):
+        expected = exp.buffer[key][active].mean()
+        assert float(metrics[f"experience/{key}_mean"]) == pytest.approx(float(expected))
+    # 2 + 4 + 6 + 8 = 20 active rows: rewards sum to 10 (0 + 4 + 12 + 24) + (1 + 6 + 15 + 28), values to 50
+    assert float(metrics["experience/rewards_mean"]) == pytest.approx((400 + 50) / 20)
+    assert float(metrics["experience/values_mean"]) == pytest.approx(50 / 20)
+
+
+def test_a_prioritized_experience_never_hands_out_a_segment_whose_agent_never_acted():
+    exp = finishing(partial(Prioritized, alpha=0.6, beta0=0.4))
+    torch.manual_seed(0)
+    for _ in range(50):
+        exp.prepare_minibatches(torch.randn(exp.segments, 1) * 10, 0.5)
+        for i in range(exp.num_minibatches):
+            batch = exp.minibatch(i, torch.zeros(exp.segments, 1))
+            assert batch.stored[keys.ACTIVE].all(), batch.rows

@@ -10,11 +10,13 @@ from tensordict import TensorDict
 
 from machina import keys
 from machina.env.pettingzoo import PettingZooEnv
+from machina.env.spec import ImageObsSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.losses.functional import cloning_terms
 from machina.losses.ppo import PPOLoss
 from machina.progress import Progress
 from machina.startup.build import build
+from machina.training.learner import explained_variance
 from tests.conftest import compose_config
 
 RELAY = "tests.test_pettingzoo_relay:relay"
@@ -143,7 +145,11 @@ def test_active_is_returned_only_when_asked_for():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"obs_sizes": [4, 5, 4]}, r"observation widths differ \(4 for runner_0, runner_2; 5 for runner_1\)"),
+        ({"obs_sizes": [4, 5, 4]}, r"observation shapes differ \(4 for runner_0, runner_2; 5 for runner_1\)"),
+        (
+            {"masks": True},
+            r"agent runner_0's observation space Dict\(.*not supported.*Dict observations \(such as action",
+        ),
         ({"actions": [3, 3, 4]}, r"action spaces differ .* runner_0, runner_1.* runner_2"),
         ({"box_actions": True}, r"agent runner_0's action space Box"),
     ],
@@ -175,8 +181,6 @@ def test_pad_observations_does_not_pad_action_spaces():
         ("a b:c", "is not a PettingZoo env"),
         ("mpe2.simple_spread_v3:", "is not a PettingZoo env"),
         ("classic/nope-v1", "is not a registered PettingZoo env; registered: .*classic/rps-v2"),
-        ("classic/rps-v2", r"agent player_0's observation space Discrete\(4\) is not supported"),
-        ("sisl/pursuit-v5", r"observation space Box\(0.0, 30.0, \(7, 7, 3\), float32\) is not supported"),
         # Box2D missing (as with the pettingzoo extra), or present: continuous actions.
         ("sisl/multiwalker-v9", r"Failed to import entry point .* pip install 'pettingzoo\[sisl\]'|action space Box"),
     ],
@@ -206,21 +210,17 @@ def rows(parts, key):
     return x.view(segments // n, n, horizon).transpose(0, 1).reshape(n, -1)
 
 
+def relay_rollout(*overrides: str):
+    """The trainer's parts for 2 relays (6 agents, 120 agent steps per epoch) after one rollout."""
+    base = ["env=pettingzoo", f"env.id={RELAY}", "env.num_envs=2", "policy=mlp", "experience.batch_size=120"]
+    parts = build(compose_config([*base, "experience.minibatch_size=30", *overrides]))
+    parts.rollout.run(Progress(0, 1))
+    return parts
+
+
 def test_the_trainer_stores_which_agents_acted():
     """The rollout stores ACTIVE with each observation: False exactly on the rows of finished agents."""
-    cfg = compose_config(
-        [
-            "env=pettingzoo",
-            f"env.id={RELAY}",
-            "env.num_envs=2",
-            "policy=mlp",
-            "experience.batch_size=120",
-            "experience.bptt_horizon=5",
-            "experience.minibatch_size=30",
-        ]
-    )
-    parts = build(cfg)
-    parts.rollout.run(Progress(0, 1))
+    parts = relay_rollout("experience.bptt_horizon=5")
     assert keys.ACTIVE in parts.experience.step_keys
     finish = torch.tensor([2, 4, 5]).repeat(2)
     # Episodes last 5 steps (the last runner's finish); an agent acts on the observations at t < its finish.
@@ -278,3 +278,81 @@ def test_cloning_losses_leave_out_the_rows_of_inactive_agents():
     nll, _ = cloning_terms(data, policy_out)
     alone, _ = cloning_terms(data[active].exclude(keys.ACTIVE), policy_out[active])
     assert torch.allclose(nll, alone)
+
+
+@pytest.mark.parametrize(
+    "grid, spec",
+    [
+        ((2, 2, 3), ImageObsSpec(size=12, height=2, width=2, channels=3)),  # (H, W, C), 1-4 channels: an image
+        ((3, 3, 1), ImageObsSpec(size=9, height=3, width=3, channels=1)),
+        ((3, 5), VectorObsSpec(size=15)),  # knights-archers-zombies' (27, 5) kind: a table, flattened
+        ((2, 2, 5), VectorObsSpec(size=20)),  # 5 "channels": not an image
+        ((4,), VectorObsSpec(size=4)),
+    ],
+)
+def test_a_box_of_any_shape_is_flattened_and_an_image_keeps_its_shape(grid, spec):
+    env = relay(grid=grid)
+    assert env.spec.obs == spec and type(env.spec.obs) is type(spec)
+    assert env.reset()[keys.OBS].shape == (env.spec.num_agents, spec.size)
+
+
+def test_a_grid_observation_is_flattened_row_major():
+    """The relay's (2, 3) observation is [[t, slot, tag], [last action, 7, 7]]: numpy's row-major flattening."""
+    env = played(1, grid=(2, 3))
+    first = env.observe()[keys.OBS][:3]
+    assert first[:, [0, 1, 3, 4, 5]].tolist() == [[1, i, 1, 7, 7] for i in range(3)]
+
+
+def test_pursuit_rows_are_its_agents_images_flattened():
+    """sisl/pursuit-v5 (SISL, installed with pettingzoo): each pursuer's (7, 7, 3) observation, as the env alone
+    gives it for the same reset seed, flattened row-major into its row."""
+    from pettingzoo.sisl import pursuit_v5
+
+    env = relay(id="sisl/pursuit-v5", num_envs=1, max_cycles=10)
+    assert env.spec.obs == ImageObsSpec(size=147, height=7, width=7, channels=3) and env.spec.num_actions == 5
+    alone = pursuit_v5.parallel_env(max_cycles=10)
+    expected, _ = alone.reset(seed=0)  # copy 0's first episode of seed 0
+    rows = env.reset()[keys.OBS]
+    for i, name in enumerate(alone.possible_agents):
+        assert torch.equal(rows[i], torch.from_numpy(expected[name].reshape(-1)).float())
+    alone.close()
+    env.close()
+
+
+def test_a_discrete_observation_is_one_hot():
+    """classic/rps-v2: each player observes the other's last move, Discrete(4) (3: none yet); rock (0) beats
+    scissors (2) for +1 / -1."""
+    env = relay(id="classic/rps-v2", num_envs=1, outputs=frozenset())
+    assert env.spec.obs == VectorObsSpec(size=4)
+    assert env.reset()[keys.OBS].tolist() == [[0, 0, 0, 1]] * 2
+    td = env.step(torch.tensor([0, 2]))
+    assert td[keys.OBS].tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
+    assert td[keys.REWARDS].tolist() == [1.0, -1.0]
+
+
+def test_the_buffer_statistics_and_the_prioritized_draws_leave_out_inactive_agents():
+    """A rollout of the relay (runners finish after 2, 4, 5 of each 5-step episode): the experience's statistics are
+    those of the rows whose agent acted (each of their rewards is (i + 1) + a / 10 >= 1; the others are 0), and the
+    prioritized sampler never hands out a one-step segment of an agent that had finished."""
+    parts = relay_rollout("experience.bptt_horizon=1", "experience/sampler=prioritized")
+    exp = parts.experience
+    active = exp.buffer[keys.ACTIVE]
+    assert 0 < int(active.sum()) < active.numel()
+    metrics = exp.metrics()
+    for key in (keys.REWARDS, keys.VALUES):
+        assert float(metrics[f"experience/{key}_mean"]) == pytest.approx(float(exp.buffer[key][active].mean()))
+    assert float(metrics["experience/rewards_mean"]) >= 1.0
+    torch.manual_seed(0)
+    for _ in range(20):
+        exp.prepare_minibatches(torch.randn(exp.segments, 1), 0.0)
+        for i in range(exp.num_minibatches):
+            assert exp.minibatch(i, torch.zeros(exp.segments, 1)).stored[keys.ACTIVE].all()
+
+
+def test_explained_variance_over_the_active_rows_is_that_of_those_rows_alone():
+    generator = torch.Generator().manual_seed(0)
+    values, returns = torch.randn(6, 5, generator=generator), torch.randn(6, 5, generator=generator)
+    rows = torch.rand(6, 5, generator=generator) < 0.5
+    got = explained_variance(values, returns, rows)
+    assert float(got) == pytest.approx(float(explained_variance(values[rows], returns[rows])), abs=1e-5)
+    assert float(got) != pytest.approx(float(explained_variance(values, returns)), abs=1e-3)

@@ -22,14 +22,24 @@ FINISH = (2, 4, 5)
 class Relay(ParallelEnv):
     metadata = {"name": "relay_v0", "render_modes": []}
 
-    def __init__(self, finish=FINISH, max_cycles=100, obs_sizes=None, actions=3, box_actions=False):
+    def __init__(
+        self, finish=FINISH, max_cycles=100, obs_sizes=None, actions=3, box_actions=False, grid=None, masks=False
+    ):
         self.finish, self.max_cycles = tuple(finish), max_cycles
         self.possible_agents = [f"runner_{i}" for i in range(len(self.finish))]
         sizes = obs_sizes or [4] * len(self.finish)
+        # grid: every observation an array of that shape (the vector above laid out row-major, then 7s); masks: a
+        # Dict of it and an action mask, as PettingZoo's classic games observe.
+        self.grid = tuple(grid) if grid else None
         self.observation_spaces = {
-            name: spaces.Box(-np.inf, np.inf, (size,), np.float32)
+            name: spaces.Box(-np.inf, np.inf, self.grid or (size,), np.float32)
             for name, size in zip(self.possible_agents, sizes, strict=True)
         }
+        if masks:
+            self.observation_spaces = {
+                name: spaces.Dict({"observation": space, "action_mask": spaces.MultiBinary(actions)})
+                for name, space in self.observation_spaces.items()
+            }
         counts = actions if isinstance(actions, list) else [actions] * len(self.finish)
         acts = [spaces.Box(-1, 1, (2,)) if box_actions else spaces.Discrete(n) for n in counts]
         self.action_spaces = dict(zip(self.possible_agents, acts, strict=True))
@@ -64,9 +74,10 @@ class Relay(ParallelEnv):
         return obs, rewards, terms, truncs, infos
 
     def _obs(self, agent, action):
-        size = self.observation_spaces[agent].shape[0]
+        shape = self.observation_spaces[agent].shape
+        size = int(np.prod(shape))
         values = [self.t, self.possible_agents.index(agent), self.tag, float(action)] + [7.0] * (size - 4)
-        return np.array(values[:size], dtype=np.float32)
+        return np.array(values[:size], dtype=np.float32).reshape(shape)
 
 
 class Sequential(AECEnv):

@@ -38,10 +38,10 @@ REFUSED = [
     ("env.id=classic/nope-v1", "env.id=classic/nope-v1 is not a registered PettingZoo env"),
     ("env.id=tests.test_pettingzoo_relay:nope", "tests.test_pettingzoo_relay has no nope"),
     ("env.id=tests.test_pettingzoo_relay:sequential", "is an AEC env whose metadata does not set is_parallelizable"),
-    ("env.id=classic/rps-v2", "agent player_0's observation space Discrete(4) is not supported"),
+    ("+env.kwargs.masks=true", "agent runner_0's observation space Dict("),
     (
         "+env.kwargs.obs_sizes=[4,5,4]",
-        "the agents' observation widths differ (4 for runner_0, runner_2; 5 for runner_1)",
+        "the agents' observation shapes differ (4 for runner_0, runner_2; 5 for runner_1)",
     ),
     ("+env.kwargs.box_actions=true", "agent runner_0's action space Box"),
 ]
@@ -168,3 +168,45 @@ def test_ippo_learns_mpe_spread(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r["env/return"] for r in rows[-10:]]
     assert len(rows) == 40 and sum(last) / len(last) >= -23.0, last
+
+
+# A small pursuit (sisl/pursuit-v5) that a conv policy learns in seconds: 4 pursuers, 8 frozen evaders on an 8 x 8
+# grid, an evader caught by one pursuer on its cell, each pursuer its own reward (docs/how-to/pettingzoo.md).
+PURSUIT = [
+    "env=pettingzoo_pursuit",
+    "policy=conv",
+    "env.num_envs=8",
+    "env.kwargs.max_cycles=50",
+    "+env.kwargs.x_size=8",
+    "+env.kwargs.y_size=8",
+    "+env.kwargs.n_pursuers=4",
+    "+env.kwargs.n_evaders=8",
+    "+env.kwargs.n_catch=1",
+    "+env.kwargs.surround=false",
+    "+env.kwargs.shared_reward=false",
+    "+env.kwargs.freeze_evaders=true",
+    "experience.batch_size=1600",
+    "experience.bptt_horizon=1",
+    "experience.minibatch_size=400",
+    "learner.update_epochs=4",
+    "optimizer.lr=2e-3",
+    "losses.ppo.clip_vloss=false",
+    "system.device=cpu",
+    "system.threads=1",
+    "trainer.total_timesteps=32000",
+    "wandb=disabled",
+]
+
+
+@pytest.mark.slow
+def test_a_conv_policy_learns_pursuit_from_its_images(tmp_path):
+    """20 epochs of 1,600 agent steps (about 25 s here). With optimizer.lr=0 (the untrained policy, same seed) every
+    epoch's mean return per pursuer stays within 0.7 to 3.1 (mean 2.3 over the last 5); trained, the last 5 epochs
+    average 9.2 and 8.9 (system.seed 1, the default, and 2; every evader caught in about 12 of the 50 steps). The
+    bar: the last 5 average 6 or more."""
+    run_dir = tmp_path / "run"
+    result = run_train([*PURSUIT, f"hydra.run.dir={run_dir}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r["env/return"] for r in rows[-5:]]
+    assert len(rows) == 20 and sum(last) / len(last) >= 6.0, [r["env/return"] for r in rows]

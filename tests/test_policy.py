@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from machina.conformance.component import observation_kinds
-from machina.env.spec import PAD_TOKEN, ObsSpec, VectorObsSpec
+from machina.env.spec import PAD_TOKEN, ImageObsSpec, ObsSpec, VectorObsSpec
 from machina.errors import ConfigError
 from machina.files import checksum
 from machina.keys import (
@@ -41,7 +41,7 @@ SPEC = ObsSpec(
     feature_norms=(1.0, 1.0, 100.0, 10.0, 5.0, 255.0),
 )
 VECTOR_SPEC = VectorObsSpec(size=6)
-SPECS = {spec.kind: spec for spec in (SPEC, VECTOR_SPEC)}
+SPECS = {spec.kind: spec for spec in (SPEC, VECTOR_SPEC, ImageObsSpec(size=75, height=5, width=5, channels=3))}
 NUM_ACTIONS = 7
 
 

@@ -95,3 +95,28 @@ def test_prioritized_weights_are_normalised_once_by_their_maximum_and_anneal_bet
         raw = (4 * probs) ** -beta
         torch.testing.assert_close(weights[:, 0], (raw / raw.max())[idx])
         assert weights.shape == (4, 1) and float(weights.max()) == pytest.approx(1.0)
+
+
+def test_prioritized_never_draws_a_segment_whose_agent_never_acted():
+    """With ``active`` (envs whose agents finish at different times), a segment none of whose rows acted is never
+    drawn, the others with P(i) from the |A| of their active rows only, and the weights are normalised over the
+    segments that can be drawn (the largest is 1 at beta = 1)."""
+    torch.manual_seed(0)
+    advantages = torch.tensor([[1.0, 9.0], [5.0, 5.0], [2.0, 2.0], [7.0, 7.0], [3.0, 0.0]])
+    active = torch.tensor([[True, False], [False, False], [True, True], [False, False], [True, True]])
+    sampler = Prioritized(segments=5, minibatch_segments=4, device=torch.device("cpu"), alpha=1.0, beta0=1.0)
+    sampler.prepare(advantages, 0.0, active=active)
+    draws, weights = zip(*(sampler.minibatch(0) for _ in range(5_000)), strict=True)
+    draws = torch.stack(draws).flatten()
+    freq = torch.bincount(draws, minlength=5) / len(draws)
+    assert int(freq[1]) == 0 and int(freq[3]) == 0  # no active row: never drawn
+    torch.testing.assert_close(freq, torch.tensor([1.0, 0, 4.0, 0, 3.0]) / 8.0, atol=0.015, rtol=0)
+    weights = torch.stack(weights).flatten()
+    assert float(weights.max()) == pytest.approx(1.0) and float(weights.min()) == pytest.approx(0.25)
+
+
+def test_prioritized_draws_uniformly_when_no_row_of_the_buffer_acted():
+    sampler = Prioritized(segments=3, minibatch_segments=2, device=torch.device("cpu"), alpha=0.6, beta0=0.4)
+    sampler.prepare(torch.randn(3, 2), 0.0, active=torch.zeros(3, 2, dtype=torch.bool))
+    idx, weights = sampler.minibatch(0)
+    assert ((idx >= 0) & (idx < 3)).all() and torch.equal(weights, torch.ones(2, 1))

@@ -28,17 +28,19 @@ from machina.conformance.component_calls import (
     example_inputs,
 )
 from machina.conformance.failure import ConformanceError
-from machina.env.spec import ObsSpec, VectorObsSpec
+from machina.env.spec import ImageObsSpec, ObsSpec, VectorObsSpec
 from machina.errors import ConfigError, one_line
 from machina.files.trusted import in_force
 from machina.policy.allowlist import build_policy
 from machina.policy.component import Component, ComponentPolicy
 from machina.policy.io import load_policy, policy_payload
 
-# Small observations of each kind a policy may read: tokens (the built-in env, MettaGrid) and vectors (Gymnasium).
+# Small observations of each kind a policy may read: tokens (the built-in env, MettaGrid), vectors (Gymnasium) and
+# images (PettingZoo's (H, W, C) Boxes).
 EXAMPLES: tuple[ObsSpec | VectorObsSpec, ...] = (
     ObsSpec(max_tokens=12, window=5, feature_names=("wall", "agent", "hp", "clock"), feature_norms=(1, 1, 10, 255)),
     VectorObsSpec(size=6),
+    ImageObsSpec(size=50, height=5, width=5, channels=2),
 )
 SLOTS = ("encoder", "core", "actor", "critic", "action_probs")
 # machina's smallest part of each slot, around the one checked: a token or a vector encoder, no core, linear heads.
@@ -50,6 +52,7 @@ AROUND: dict[str, Any] = {
         "hidden": 8,
     },
     "vector": {"_target_": "machina.policy.vector_encoder.VectorEncoder", "_partial_": True, "hidden": [8]},
+    "image": {"_target_": "machina.policy.conv_encoder.ConvEncoder", "_partial_": True, "channels": [4], "hidden": 8},
     "core": None,
     "actor": {"_target_": "machina.policy.heads.ActorHead", "_partial_": True},
     "critic": {"_target_": "machina.policy.heads.CriticHead", "_partial_": True},
@@ -107,7 +110,7 @@ def check_component(
 
 
 def observation_kinds(policy: Mapping[str, Any]) -> tuple[str, ...]:
-    """The kinds of observations (``ObsSpec.kind``: "tokens", "vector") a policy config builds with: those of
+    """The kinds of observations (``ObsSpec.kind``: "tokens", "vector", "image") a policy config builds with: those of
     ``EXAMPLES`` its encoder takes. What tells which envs a policy can play."""
     kinds = []
     for spec in EXAMPLES:

@@ -1,8 +1,10 @@
 """What an environment tells the rest of machina about itself: plain data, no tensors on a device.
 
-Two kinds of observations exist: token observations (``ObsSpec``: the built-in env and MettaGrid) and flat vectors
-(``VectorObsSpec``: Gymnasium ``Box`` spaces). Policies size their encoders from the spec, and policy files store it
-as plain data (``obs_spec_to_dict`` / ``obs_spec_from_dict``), so a file from elsewhere never names a class.
+Three kinds of observations exist: token observations (``ObsSpec``: the built-in env and MettaGrid), flat vectors
+(``VectorObsSpec``: Gymnasium ``Box`` spaces) and images stored as flat vectors (``ImageObsSpec``, a
+``VectorObsSpec`` that also gives the image's shape: PettingZoo's ``(H, W, C)`` observations). Policies size their
+encoders from the spec, and policy files store it as plain data (``obs_spec_to_dict`` / ``obs_spec_from_dict``), so a
+file from elsewhere never names a class.
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -39,7 +41,30 @@ class VectorObsSpec:
     size: int
 
 
-OBS_SPECS = {spec.kind: spec for spec in (ObsSpec, VectorObsSpec)}
+@dataclass(frozen=True)
+class ImageObsSpec(VectorObsSpec):
+    """An image of ``height x width x channels`` (channels last) per agent, stored as its row-major flattening: OBS is
+    float32 [N, size], size = height * width * channels, as for any vector (so every vector policy reads it too);
+    ``policy=conv`` views it as [N, height, width, channels]."""
+
+    kind: ClassVar[str] = "image"
+
+    height: int
+    width: int
+    channels: int
+
+    def __post_init__(self) -> None:
+        sizes = (self.size, self.height, self.width, self.channels)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+            raise ValueError(f"an image obs_spec's sizes must be integers >= 1, got {self}")
+        if self.size != self.height * self.width * self.channels:
+            raise ValueError(
+                f"an image obs_spec's size must be height x width x channels = "
+                f"{self.height} x {self.width} x {self.channels}, got {self.size}"
+            )
+
+
+OBS_SPECS = {spec.kind: spec for spec in (ObsSpec, VectorObsSpec, ImageObsSpec)}
 
 
 def obs_spec_to_dict(spec: ObsSpec | VectorObsSpec) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``policy=mlp`` encoder: an MLP over flat vector observations (Gymnasium ``Box`` spaces)."""
+"""``policy=mlp`` encoder: an MLP over flat vector observations (Gymnasium ``Box`` spaces; images flattened)."""
 
 from collections.abc import Sequence
 

@@ -14,6 +14,7 @@ The training view (``prepare_training``, once per epoch) is what minibatches are
 ``compact_tokens`` the buffer with token observations cut to the epoch's widest real observation.
 """
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
@@ -140,6 +141,11 @@ class Experience:
         self._slot_number = torch.arange(1, obs_shape[0] + 1, device=self.device) if self.compact_tokens else None
         self._token_width: torch.Tensor | None = None
         self._training = self.buffer
+        # Envs whose agents finish at different times store ACTIVE: its False rows are not transitions, so the
+        # statistics leave them out and a sampler that takes ``active`` (Prioritized) never draws a segment of them.
+        self._active = self.buffer[keys.ACTIVE] if keys.ACTIVE in spec else None
+        takes = self._active is not None and "active" in inspect.signature(self.sampler.prepare).parameters
+        self._sampler_active = {"active": self._active} if takes else {}
 
     @property
     def full(self) -> bool:
@@ -203,8 +209,10 @@ class Experience:
         self._training = view
 
     def prepare_minibatches(self, advantages: torch.Tensor, fraction: float) -> None:
-        """Start an update pass: the sampler sees the pass's advantages [S, T] and the fraction of training done."""
-        self.sampler.prepare(advantages, fraction)
+        """Start an update pass: the sampler sees the pass's advantages [S, T], the fraction of training done and,
+        where the buffer stores ``ACTIVE`` and its ``prepare`` takes it, ``active`` bool [S, T] (the rows whose agent
+        acted)."""
+        self.sampler.prepare(advantages, fraction, **self._sampler_active)
 
     def minibatch(self, i: int, advantages: torch.Tensor) -> Minibatch:
         """The pass's ``i``-th minibatch, as the sampler draws it, with its importance weights and ``advantages``'
@@ -240,11 +248,16 @@ class Experience:
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """The buffer's statistics as 0-d device tensors: ``experience/<key>_mean`` of the rewards, values and ratios
-        (the ratios of the last update pass) and, with ``compact_tokens``, ``experience/token_width``."""
+        (the ratios of the last update pass) over the rows whose agent acted (all rows unless ``ACTIVE`` is stored)
+        and, with ``compact_tokens``, ``experience/token_width``."""
         out = {}
+        active = self._active
+        count = None if active is None else active.sum().clamp(min=1)
         for key in (keys.REWARDS, keys.VALUES, keys.RATIO):
             if self.stores(key):
-                out[f"experience/{key}_mean"] = self.buffer[key].float().mean()
+                values = self.buffer[key].float()
+                mean = values.mean() if active is None else values.where(active, 0.0).sum() / count
+                out[f"experience/{key}_mean"] = mean
         if self._token_width is not None:
             out["experience/token_width"] = self._token_width.float()
         return out

@@ -200,7 +200,8 @@ class Learner:
                 advantages = self.advantage(exp)
                 if update == 0:
                     values = exp.rows(keys.VALUES)
-                    self.once["experience/explained_variance"] = explained_variance(values, advantages + values)
+                    active = exp.rows(keys.ACTIVE) if exp.stores(keys.ACTIVE) else None
+                    self.once["experience/explained_variance"] = explained_variance(values, advantages + values, active)
                 exp.prepare_minibatches(advantages, progress.fraction)
             kl_sum = torch.zeros((), device=exp.device)
             for mb_index in range(exp.num_minibatches):
@@ -321,8 +322,18 @@ class Learner:
         return device, host
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
-    """1 - Var(returns - values) / Var(returns), over all samples (CleanRL's ``explained_var``): 1 is a perfect
-    critic, 0 no better than a constant, negative worse. A 0-d device tensor (NaN when the returns are constant)."""
-    total_var = returns.var()
-    return torch.where(total_var > 0, 1.0 - (returns - values).var() / total_var, float("nan"))
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), over all samples or the bool ``rows`` (those whose agent acted)
+    (CleanRL's ``explained_var``): 1 is a perfect critic, 0 no better than a constant, negative worse. A 0-d device
+    tensor (NaN when the returns are constant)."""
+    total_var = variance(returns, rows)
+    return torch.where(total_var > 0, 1.0 - variance(returns - values, rows) / total_var, float("nan"))
+
+
+def variance(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The unbiased variance of ``x``, or of its ``rows`` (bool, x's shape) without a host read."""
+    if rows is None:
+        return x.var()
+    count = rows.sum()
+    mean = x.where(rows, 0.0).sum() / count.clamp(min=1)
+    return (x - mean).square().where(rows, 0.0).sum() / (count - 1).clamp(min=1)

@@ -2,8 +2,9 @@
 
 A sampler is chosen by ``_target_`` (``conf/experience/sampler/*.yaml``) and owns its settings. The experience
 buffer builds it with its geometry (``segments``, ``minibatch_segments``, ``device``); the learner calls
-``prepare`` once per update epoch and ``minibatch(i)`` for each of its minibatches. Nothing here reads a device
-value on the host.
+``prepare`` once per update epoch and ``minibatch(i)`` for each of its minibatches. A sampler whose ``prepare`` takes
+``active`` is given, for envs whose agents finish at different times, bool [S, T]: the rows whose agent acted
+(``keys.ACTIVE``; the losses leave the others out). Nothing here reads a device value on the host.
 """
 
 import torch
@@ -24,7 +25,9 @@ class Sequential:
         self.device = device
         self.order: torch.Tensor | None = None
 
-    def prepare(self, advantages: torch.Tensor, progress: float) -> None:
+    def prepare(self, advantages: torch.Tensor, progress: float, active: torch.Tensor | None = None) -> None:
+        """A fresh order when ``shuffle``. ``active`` changes nothing: a segment's inactive rows are left out by the
+        losses, and every segment is visited once."""
         if self.shuffle:
             self.order = torch.randperm(self.segments, device=self.device)
 
@@ -55,6 +58,10 @@ class Prioritized:
     the expected minibatch loss is S * P_min times the uniform mean over all segments (S * P_min = 1 / max_j of the
     unnormalised weights; it is also E[w], the expected mean weight of a minibatch).
 
+    Given ``active`` (envs whose agents finish at different times), the sum runs over the rows whose agent acted, and
+    a segment with none has p_i = 0: it is never drawn, and P_min is the smallest P of the segments that can be
+    (should no row of the buffer be active, every segment is drawn uniformly).
+
     Args:
         alpha: how strongly priorities shape the draw (0: uniform).
         beta0: the importance-weight exponent at the start, annealed to 1.
@@ -68,13 +75,20 @@ class Prioritized:
         self.segments, self.minibatch_segments, self.device = segments, minibatch_segments, device
         self.alpha, self.beta0 = alpha, beta0
         self.log_probs: torch.Tensor | None = None
+        self.min_log_prob: torch.Tensor | None = None
         self.cdf: torch.Tensor | None = None
         self.beta = beta0
 
-    def prepare(self, advantages: torch.Tensor, progress: float) -> None:
-        """Segment probabilities from this update epoch's advantages [S, T] (they change only between epochs)."""
-        priority = advantages.abs().sum(dim=1).nan_to_num_(0.0).pow(self.alpha) + 1e-6
+    def prepare(self, advantages: torch.Tensor, progress: float, active: torch.Tensor | None = None) -> None:
+        """Segment probabilities from this update epoch's advantages [S, T] (they change only between epochs) and,
+        when given, ``active`` bool [S, T]: the rows whose agent acted (the others count for nothing)."""
+        magnitude = advantages.abs() if active is None else advantages.abs().where(active, 0.0)
+        priority = magnitude.sum(dim=1).nan_to_num_(0.0).pow(self.alpha) + 1e-6
+        if active is not None:
+            drawable = active.any(dim=1)
+            priority = priority.where(drawable | ~drawable.any(), 0.0)
         self.log_probs = (priority / priority.sum()).log()
+        self.min_log_prob = self.log_probs.where(priority > 0, float("inf")).min()
         cdf = priority.double().cumsum(0)
         self.cdf = cdf / cdf[-1:]  # [S], ends at exactly 1
         self.beta = self.beta0 + (1.0 - self.beta0) * min(max(progress, 0.0), 1.0)
@@ -84,5 +98,5 @@ class Prioritized:
         u = torch.rand(self.minibatch_segments, dtype=self.cdf.dtype, device=self.cdf.device)
         # The first i with cdf[i] > u: P(i) = cdf[i] - cdf[i - 1]. u < 1 = cdf[-1]; the clamp only guards rounding.
         idx = torch.searchsorted(self.cdf, u, right=True).clamp_(max=self.segments - 1)
-        weights = ((self.log_probs.min() - self.log_probs[idx]) * self.beta).exp()
+        weights = ((self.min_log_prob - self.log_probs[idx]) * self.beta).exp()
         return idx, weights.unsqueeze(1)

@@ -20,10 +20,11 @@ PettingZoo's parallel API (https://pettingzoo.farama.org/api/parallel/) and how 
 - Episode statistics per copy: ``return`` is the mean over its A agents of their returns (the env contract's
   per-agent return), ``team_return`` their sum, ``length`` the copy's steps.
 
-Spaces: every agent must have the same flat ``Box`` observation space (rank 1, any dtype, cast to float32) and the
-same ``Discrete`` action space; otherwise the env is refused in one line naming the agents that differ, unless
-``pad_observations`` is set (observations of different widths zero-padded to the widest; the action spaces must
-still agree).
+Spaces (``machina.env.pettingzoo.spaces``): every agent must have an observation space of the same shape, a ``Box``
+(any rank and dtype, cast to float32 and flattened row-major; an (H, W, C) Box with 1 to 4 channels is an image,
+``ImageObsSpec``, which ``policy=conv`` reads) or a ``Discrete`` (one-hot), and the same ``Discrete`` action space;
+otherwise the env is refused in one line naming the agents that differ, unless ``pad_observations`` is set
+(observations of different shapes flattened and zero-padded to the widest; the action spaces must still agree).
 """
 
 from collections.abc import Collection
@@ -38,7 +39,7 @@ from machina.env.base import Env, Renderable, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.pettingzoo.ids import INSTALL_HINT, constructor, parallel
 from machina.env.pettingzoo.spaces import Layout, layout
-from machina.env.spec import EnvSpec, VectorObsSpec
+from machina.env.spec import EnvSpec
 from machina.errors import ConfigError
 
 STAT_NAMES = ("episodes", "return", "length", "team_return")
@@ -98,11 +99,11 @@ class PettingZooEnv(Env, Resumable, Renderable):
             num_envs,
             agents_per_env=self.slots,
             num_actions=self.layout.num_actions,
-            obs=VectorObsSpec(self.layout.obs_size),
+            obs=self.layout.obs,
             outputs=frozenset({keys.ACTIVE}),
             observes_time=False,
         )
-        n, size = self.num_agents, self.layout.obs_size
+        n, size = self.num_agents, self.layout.obs.size
         # Host buffers, as numpy views of torch tensors (pinned on an accelerator: each step's copy is asynchronous).
         host = {
             keys.OBS: torch.zeros(n, size),
@@ -145,10 +146,11 @@ class PettingZooEnv(Env, Resumable, Renderable):
         """Advance every copy by one step.
 
         actions: int64 (or int32) [N], ids in [0, num_actions); inactive slots' actions are not sent. Returns a
-        TensorDict, batch [N], on ``device``: OBS float32 [N, D] (zeros for inactive slots; the next episode's first
-        observation where a copy's episode ended), REWARDS float32 [N], TERMINATED / TRUNCATED bool [N], ACTIVE bool
-        [N] (when asked for: the slot acts on this OBS) and, on steps where some agent was truncated, FINAL_OBS
-        float32 [N, D] (its last observation; other rows are their current observation).
+        TensorDict, batch [N], on ``device``: OBS float32 [N, D] (D = ``spec.obs.size``, flattened; zeros for
+        inactive slots; the next episode's first observation where a copy's episode ended), REWARDS float32 [N],
+        TERMINATED / TRUNCATED bool [N], ACTIVE bool [N] (when asked for: the slot acts on this OBS) and, on steps
+        where some agent was truncated, FINAL_OBS float32 [N, D] (its last observation; other rows are their current
+        observation).
         """
         if actions.shape != (self.num_agents,) or actions.dtype not in (torch.int64, torch.int32):
             got = f"{actions.dtype} {list(actions.shape)}"
@@ -237,7 +239,7 @@ class PettingZooEnv(Env, Resumable, Renderable):
             self.terminated[row] = bool(terms.get(name, False))
             self.truncated[row] = bool(truncs.get(name, False)) and not self.terminated[row]
             if name in obs:
-                self.layout.write(self.final[row] if self.truncated[row] else self.obs[row], obs[name])
+                self.layout.write(i, self.final[row] if self.truncated[row] else self.obs[row], obs[name])
             elif self.truncated[row]:  # no last observation given: the one it acted on
                 self.final[row] = self.obs[row]
         self.returns[e] += self.rewards[rows]
@@ -266,7 +268,7 @@ class PettingZooEnv(Env, Resumable, Renderable):
         self.obs[rows] = 0
         for i, name in enumerate(self.names):
             if name in observations:
-                self.layout.write(self.obs[e * self.slots + i], observations[name])
+                self.layout.write(i, self.obs[e * self.slots + i], observations[name])
         self.returns[e] = 0
         self.lengths[e] = 0
 
