@@ -75,6 +75,7 @@ def test_every_sink_in_conf_conforms(name, wandb_dirs):
     check_sink(get_class(settings.pop("_target_")), wandb_dirs / "run", settings)
 
 
+@pytest.mark.slow  # three trainings and an eval.py process; test_checkpoint.py's resumes are exact in the fast tier
 def test_the_default_recipe_resumes_bit_exactly_and_evaluates(tmp_path):
     check_round_trip([], tmp_path)
     assert (tmp_path / "resumed" / "checkpoints" / "checkpoint_000002.pt").is_file()

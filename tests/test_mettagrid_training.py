@@ -97,6 +97,7 @@ def test_the_same_seed_trains_the_same_numbers_with_one_worker_or_two(tmp_path):
     assert len(one) == 2 and one == two
 
 
+@pytest.mark.slow  # a worker process and two evaluations
 def test_a_run_on_a_game_file_is_evaluated_on_that_game_even_once_the_file_is_gone(tmp_path):
     game = write_game(arena_config(agents_per_env=2, mines=6), tmp_path / "my_arena.yaml")
     run_dir = tmp_path / "run"

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from machina.run import train
-from tests.conftest import ROOT, compose_config, run_train
+from tests.commands import run_script
+from tests.conftest import ROOT, compose_config
 from tests.test_checkpoint import reporting, without_timing
 
 RELAY = "tests.test_pettingzoo_relay:relay"
@@ -71,20 +72,8 @@ def test_a_resumed_run_continues_exactly_as_the_uninterrupted_one(tmp_path):
 
 
 def evaluate(run_dir, out, *overrides):
-    return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "eval.py"),
-            f"checkpoint={run_dir}",
-            "episodes=2",
-            f"hydra.run.dir={out}",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    """``python eval.py checkpoint=RUN episodes=2`` in this process."""
+    return run_script("eval.py", f"checkpoint={run_dir}", "episodes=2", f"hydra.run.dir={out}", *overrides)
 
 
 @pytest.mark.slow
@@ -93,18 +82,17 @@ def test_train_py_trains_mpe_spread_and_eval_py_replays_it_from_its_run_folder_o
     maintained family a file may name) and writes a replay; an env.id edited into the run folder that names any
     other module is refused with exit 2 before it is imported and before anything is written."""
     run_dir = tmp_path / "run"
-    trained = run_train(
-        [
-            "env=pettingzoo_spread",
-            "policy=mlp",
-            "env.num_envs=4",
-            "experience.batch_size=600",
-            "experience.bptt_horizon=1",
-            "experience.minibatch_size=150",
-            "trainer.total_timesteps=1200",
-            "wandb=disabled",
-            f"hydra.run.dir={run_dir}",
-        ]
+    trained = run_script(
+        "train.py",
+        "env=pettingzoo_spread",
+        "policy=mlp",
+        "env.num_envs=4",
+        "experience.batch_size=600",
+        "experience.bptt_horizon=1",
+        "experience.minibatch_size=150",
+        "trainer.total_timesteps=1200",
+        "wandb=disabled",
+        f"hydra.run.dir={run_dir}",
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -117,7 +105,8 @@ def test_train_py_trains_mpe_spread_and_eval_py_replays_it_from_its_run_folder_o
     assert result["policy"]["episodes"] == 2 and result["policy"]["length"] == 25
     assert (tmp_path / "eval" / "replay.gif").stat().st_size > 0
 
-    # A module that would leave a mark if imported, and the run's env.id pointed at it.
+    # A module that would leave a mark if imported, and the run's env.id pointed at it: a real eval.py process, so
+    # that an import, were it made, would not touch this one.
     (tmp_path / "marker_env.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\ndef make(): pass\n")
     resolved = run_dir / "resolved_config.yaml"
     config = yaml.safe_load(resolved.read_text())
@@ -163,7 +152,7 @@ def test_ippo_learns_mpe_spread(tmp_path):
     full check reaches about -17.6 at 1.2 M agent steps and -21.1 over epochs 31-40. The last 10 of 40 epochs
     (about 960 agent-episodes) must average -23 or better."""
     run_dir = tmp_path / "run"
-    result = run_train([*SPREAD, "trainer.total_timesteps=96000", f"hydra.run.dir={run_dir}"], timeout=600)
+    result = run_script("train.py", *SPREAD, "trainer.total_timesteps=96000", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r["env/return"] for r in rows[-10:]]
@@ -205,7 +194,7 @@ def test_a_conv_policy_learns_pursuit_from_its_images(tmp_path):
     average 9.2 and 8.9 (system.seed 1, the default, and 2; every evader caught in about 12 of the 50 steps). The
     bar: the last 5 average 6 or more."""
     run_dir = tmp_path / "run"
-    result = run_train([*PURSUIT, f"hydra.run.dir={run_dir}"], timeout=300)
+    result = run_script("train.py", *PURSUIT, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r["env/return"] for r in rows[-5:]]

@@ -63,6 +63,7 @@ def test_the_main_jobs_curriculum_comes_with_its_env_only():
     assert compose_config(["env=gymnasium"]).optimizer.lr == main.optimizer.lr == 0.0024
 
 
+@pytest.mark.slow  # a train.py process with a W&B service; the wandb sink conforms in test_conformance.py
 def test_train_writes_metrics_jsonl_and_an_offline_wandb_run(tmp_path, wandb_dirs):
     run_dir = tmp_path / "run"
     result = run_train(["experiment=debug", f"hydra.run.dir={run_dir}"])  # the quick start's first command
