@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from machina import checks
 from machina.errors import ConfigError
@@ -155,9 +157,6 @@ class System:
 
 def launcher_jobs() -> int | None:
     """``hydra.launcher.n_jobs`` of the multirun this process is a job of (a joblib launcher's), else None."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     n_jobs = HydraConfig.get().launcher.get("n_jobs")
