@@ -79,10 +79,11 @@ def test_others_load_is_the_cores_busy_time_less_this_process_tree(tmp_path):
     assert load.read(now=load.last[0] + 0.5) is None  # too soon: the reading is kept for later
 
 
-def test_system_follows_the_others_load_down_and_back_up(tmp_path):
+def test_system_follows_the_others_load_down_and_back_up(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     system = System(device="cpu", threads="auto")
     system.apply_flags()
-    assert torch.get_num_threads() == system.share == threads.cores()
+    assert torch.get_num_threads() == system.share == threads.cores()  # a single run: every core
     pid, quiet = os.getpid(), (0,) * 8
     fake_proc(tmp_path, pid, dict.fromkeys(range(system.cores), quiet), own=0, child=0)
     system.others = threads.OthersLoad(proc=tmp_path, cpus=set(range(system.cores)), min_seconds=0.0)
@@ -126,7 +127,8 @@ def test_fixed_thread_counts_and_determinism_are_never_adapted():
     assert torch.get_num_threads() == 1
 
 
-def test_a_joblib_multirun_of_two_jobs_gives_each_its_half():
+def test_a_joblib_multirun_of_two_jobs_gives_each_its_half(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     resolvers.register()
     overrides = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.mode=MULTIRUN", "debug=tiny"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -166,7 +168,7 @@ def libgomp_settings(script: str, env: dict[str, str]) -> str:
     return result.stderr
 
 
-@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+@pytest.mark.parametrize("script", ["train.py", pytest.param("eval.py", marks=pytest.mark.slow)])
 def test_the_wait_policy_is_in_place_before_torch_loads(script):
     assert f"GOMP_SPINCOUNT = '{threads.WAIT_DEFAULT[1]}'" in libgomp_settings(script, {})
 
@@ -177,3 +179,17 @@ def test_the_users_wait_policy_wins():
     environ = {"GOMP_SPINCOUNT": "300000"}
     threads.set_wait_policy(environ)
     assert environ == {"GOMP_SPINCOUNT": "300000"}
+
+
+def test_the_contention_script_measures_libgomps_wait_before_and_machinas_after(monkeypatch):
+    from machina.speed import contention
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the measuring user's own: neither side inherits it
+    assert not set(threads.WAIT_VARIABLES) & set(contention.environment("before", None))
+    after = contention.environment("after", None)
+    assert after["GOMP_SPINCOUNT"] == threads.WAIT_DEFAULT[1] and "OMP_WAIT_POLICY" not in after
+    tried = contention.environment("after", "OMP_WAIT_POLICY=PASSIVE")
+    assert tried["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in tried
+    with pytest.raises(SystemExit) as refused:
+        contention.main(["--wait", "OMP_NUM_THREADS=1"])
+    assert refused.value.code == 2

@@ -4,9 +4,9 @@ as a two-job sweep, with torch's old thread settings ("before") and machina's ("
     python -m machina.speed.contention [--seconds 25] [--out contention.json] [HYDRA_OVERRIDE ...]
     ATEN_CPU_CAPABILITY=avx2 python -m machina.speed.contention system.bf16_matmuls=false   # an AVX2-only CPU's case
 
-Every job is a fresh process (``job``) that builds the configuration as
-``python -m machina.bench`` does (``machina.speed.training.Setup``), trains one warm-up epoch, then measures whole
-epochs for about ``--seconds``. Cases:
+Every job is a fresh process (``job``) that builds the configuration as ``python -m machina.bench`` does
+(``machina.speed.training.Setup``), trains one warm-up epoch, then measures whole epochs for about ``--seconds``.
+Cases:
 
 - quiet: one job alone;
 - busy: one job beside a Python busy loop pinned to the last of this process's cores (started and killed here);
@@ -16,7 +16,8 @@ Settings: "before" is ``system.threads=0`` (torch's default, every core) with li
 and ``GOMP_SPINCOUNT`` unset); "after" is machina's defaults (``system.threads=auto`` and the wait policy of
 ``machina.startup.threads``; ``--wait NAME=VALUE`` tries another); "1 thread" is ``system.threads=1`` per job, the
 sweep's 2 jobs x 1 core. ``kept`` is a case's agent-steps/s (both jobs together in a sweep) over the quiet case of its
-settings. The whole run takes about 7 x (``--seconds`` + 10) seconds on a quiet 2-core machine.
+settings. Each of the 7 cases adds its jobs' start and warm-up epoch (about 10 s on a quiet 2-core machine) to
+``--seconds``, so about 5 minutes in all there; on a busy machine "before" runs many times slower, and so does this.
 """
 
 import argparse
@@ -28,7 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from machina.speed import machine
+from machina.speed.training import Setup
 from machina.startup import threads
 
 SETTINGS = {"before": ["system.threads=0"], "after": [], "1 thread": ["system.threads=1"]}
@@ -39,10 +43,6 @@ CASES += [("sweep", "before"), ("sweep", "1 thread"), ("sweep", "after")]
 def job(seconds: float, overrides: list[str], stop: str) -> None:
     """One job: print ``{"sps", "epochs", "threads"}`` (torch's threads after each measured epoch) as a JSON line,
     then keep training until ``stop`` exists (a sweep's other job is still measuring)."""
-    import torch
-
-    from machina.speed.training import Setup
-
     setup = Setup(overrides)
     setup.epoch()  # warm-up: first-touch allocations, thread pools
     setup.epoch_seconds.clear()
