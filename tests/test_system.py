@@ -56,6 +56,12 @@ def test_threads_applied():
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.parametrize("threads", ["many", -1, 1.5, True])
+def test_a_thread_count_that_is_neither_a_count_nor_auto_is_refused(threads):
+    with pytest.raises(ConfigError, match=r"^threads=.* must be an integer >= 0 or auto"):
+        System(device="cpu", threads=threads)
+
+
 def bf16_units() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 

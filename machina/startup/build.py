@@ -187,7 +187,9 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
 
 def build_trainer(cfg: DictConfig, parts: Parts, **extra):
     """The epoch loop over ``parts``' rollout and learner; ``extra`` carries sinks, checkpointer and evaluator."""
-    return instantiate(cfg.trainer, rollout=parts.rollout, learner=parts.learner, **extra)
+    return instantiate(
+        cfg.trainer, rollout=parts.rollout, learner=parts.learner, between_epochs=parts.system.adapt_threads, **extra
+    )
 
 
 def build_sinks(cfg: DictConfig, run_dir: Path, run_id: str, resolved: dict) -> Sinks:

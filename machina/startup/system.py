@@ -9,10 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from machina import checks
 from machina.errors import ConfigError
 from machina.precision import set_matmul_precision
+from machina.startup import threads as thread_policy
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +28,18 @@ class System:
         device: "auto" (cuda when present, else cpu), "cpu", "cuda" or "cuda:N".
         torch_deterministic: true turns on deterministic algorithms, cudnn.deterministic, no cudnn benchmark and
             a fixed CUBLAS workspace; false turns cudnn benchmark on (faster kernels, run-to-run noise).
-        threads: torch intra-op threads; 0 keeps torch's default.
+        threads: torch's intra-op threads. "auto" (the default): the cores this process may run on, divided among
+            the jobs that run at once on the machine (a Hydra joblib launcher's ``hydra.launcher.n_jobs``, -1 meaning
+            all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
+            device and unless ``torch_deterministic`` (a thread count can change a sum's order), once per epoch
+            (``adapt_threads``) one thread fewer for each core other processes kept busy over the last epoch (at
+            least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
+            run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). N: exactly N
+            threads, never changed; 0: torch's default (all cores), never changed.
+            Torch's OpenMP threads also wait differently from libgomp's default: they spin about 0.1 ms at a barrier
+            before sleeping instead of about 3 ms (``GOMP_SPINCOUNT=10000``, set by ``train.py``, ``eval.py`` and
+            ``python -m machina.bench`` before torch loads; ``machina.startup.threads``). Set ``OMP_WAIT_POLICY`` or
+            ``GOMP_SPINCOUNT`` in the environment to choose yourself (``GOMP_SPINCOUNT=300000`` is libgomp's own).
         tf32: allow TF32 matmuls and convolutions on Ampere+ GPUs.
         bf16_matmuls: reduced-precision inputs for float32 matrix products, summed in float32
             (``torch.set_float32_matmul_precision("medium")``; ``machina.precision.set_matmul_precision``). On a CPU
@@ -52,7 +66,7 @@ class System:
         seed: int = 0,
         device: str = "auto",
         torch_deterministic: bool = False,
-        threads: int = 0,
+        threads: int | str = "auto",
         tf32: bool = True,
         bf16_matmuls: bool = False,
         compile: bool | str = False,
@@ -64,11 +78,19 @@ class System:
         # Settings are named relative to this node (``seed``); machina.startup.build puts ``system.`` in front.
         # numpy's generator takes seeds below 2**32; the rank is added under torchrun.
         checks.integer("seed", seed, 0, 2**32 - 1 - rank, " (numpy's seeds are below 2**32; the rank is added)")
-        checks.integer("threads", threads, 0, why=" (0: torch's default)")
+        if threads != "auto":
+            checks.integer("threads", threads, 0, why=" or auto (0: torch's default)")
         self.seed = seed + rank
         self.device = checks.device("device", device)
         self.torch_deterministic = bool(torch_deterministic)
         self.threads = threads
+        # The cores and jobs are read once: a job's share stays the same for the whole run.
+        self.cores = thread_policy.cores()
+        jobs = thread_policy.jobs_at_once(launcher_jobs(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.cores)
+        self.share = thread_policy.share(self.cores, jobs, os.environ.get("OMP_NUM_THREADS"))
+        self.decided = self.share  # what auto last decided; adapt_threads changes it
+        governed = threads == "auto" and not self.torch_deterministic and self.device.type == "cpu"
+        self.others = thread_policy.OthersLoad() if governed else None
         self.tf32 = bool(tf32)
         self.bf16_matmuls = checks.flag("bf16_matmuls", bf16_matmuls)
         if compile not in (True, False, "auto"):
@@ -89,12 +111,13 @@ class System:
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)
         self.apply_flags()
+        log.info("%s", self.describe_threads())
         return self.device
 
     def apply_flags(self) -> None:
         """Set the process-wide torch flags only (benchmarks switch between configurations with it)."""
         if self.threads:
-            torch.set_num_threads(self.threads)
+            torch.set_num_threads(self.decided if self.threads == "auto" else self.threads)
         if self.torch_deterministic:
             # cuBLAS needs a fixed workspace to be deterministic; it reads the variable at first use.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -112,6 +135,32 @@ class System:
         if self.compile:
             # Compiled kernels are cached by graph: a later run of the same shapes loads them instead of compiling.
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "machina" / "inductor"))
+
+    def adapt_threads(self) -> None:
+        """Between epochs, under ``threads: auto`` on a CPU: torch's threads set to this job's share less the cores
+        other processes kept busy since the last call (``machina.startup.threads.threads_for``)."""
+        if self.others is None:
+            return
+        if (busy := self.others.read()) is not None:  # None: too soon since the last reading; keep the decision
+            decided = thread_policy.threads_for(self.cores, self.share, busy)
+            if decided != self.decided:
+                log.info("torch threads %d -> %d: other processes kept %.1f cores busy", self.decided, decided, busy)
+            self.decided = decided
+        if torch.get_num_threads() != self.decided:  # a benchmark or the overlapped rollout may have changed it
+            torch.set_num_threads(self.decided)
+
+    def describe_threads(self) -> str:
+        """The thread decision in words, for the start-up log."""
+        how = {"auto": f"auto, {self.share} of {self.cores} cores", 0: "torch's default"}.get(self.threads, "fixed")
+        return f"{torch.get_num_threads()} torch threads ({how}); OpenMP wait: {thread_policy.wait_policy()}"
+
+
+def launcher_jobs() -> int | None:
+    """``hydra.launcher.n_jobs`` of the multirun this process is a job of (a joblib launcher's), else None."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    n_jobs = HydraConfig.get().launcher.get("n_jobs")
+    return n_jobs if isinstance(n_jobs, int) else None
 
 
 def compiler_present(device: torch.device) -> bool:

@@ -4,7 +4,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -56,6 +56,8 @@ class Trainer:
         evaluator: a ``PeriodicEval`` used at ``eval_interval`` / ``replay_interval``; None evaluates nothing.
         curriculum: env settings scheduled over training (``curriculum.py``); empty: the env as built throughout.
             With stages, every epoch also logs ``curriculum/stage`` (the stage its rollout ran in).
+        between_epochs: called before each epoch's rollout (``System.adapt_threads``: torch's threads for the
+            machine's load); None calls nothing.
 
     Stops: a non-finite loss or parameter raises ``TrainingStopped`` at the end of its epoch, before that epoch is
     logged or checkpointed, so the last good checkpoint is the newest (``Checkpointer.save`` also refuses to write
@@ -77,6 +79,7 @@ class Trainer:
         checkpointer: Checkpointer | None = None,
         evaluator: PeriodicEval | None = None,
         curriculum: Sequence[Mapping] = (),
+        between_epochs: Callable[[], None] | None = None,
     ):
         for name, value, low in (
             ("total_timesteps", total_timesteps, 1),
@@ -93,6 +96,7 @@ class Trainer:
         self.keep_checkpoints, self.checkpointer = keep_checkpoints, checkpointer
         self.sinks = sinks
         self.curriculum = Curriculum(curriculum, rollout.env) if curriculum else None
+        self.between_epochs = between_epochs
         self.agent_step = 0
         self.epoch = 0
         # Per-epoch SUMMARY_KEYS only: small enough to checkpoint, so the run summary spans resumes.
@@ -216,6 +220,8 @@ class Trainer:
         # The epoch's schedules (learning rate, loss coefficients) are those of where it starts, in the rollout and
         # in the update: the first epoch trains at the full learning rate (CleanRL's frac = 1 - (iteration - 1) / N).
         progress = self.progress
+        if self.between_epochs is not None:
+            self.between_epochs()
         if self.curriculum is not None:
             self.curriculum.apply(progress.agent_step)
         # Every rank takes exactly experience.batch_size steps, so the global count needs no collective.

@@ -1,0 +1,135 @@
+"""How many threads torch computes on, and how its OpenMP threads wait: the decisions, torch-free.
+
+``machina.startup.system.System`` applies them (its docstring is the user's reference); this module holds what must
+run before torch loads and the arithmetic, so that tests can check both without torch.
+
+The wait policy. torch's CPU wheel runs its parallel regions on libgomp, whose threads spin at each barrier (about
+3 ms, ``GOMP_SPINCOUNT`` 300000 by default) before they sleep. On a machine where another process is busy, a
+spinning thread keeps the core its descheduled partner needs, and every parallel region waits out a scheduler slice.
+libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when torch loads, so ``set_wait_policy`` runs first
+thing in ``train.py``, ``eval.py`` and ``python -m machina.bench``; a process that sets either variable itself keeps
+its own value.
+
+The thread count (``system.threads: auto``). The cores this process may run on (``os.sched_getaffinity``) are divided
+among the jobs that run at once on the machine (``jobs_at_once``: a Hydra joblib launcher's ``n_jobs``, torchrun's
+local ranks); ``OMP_NUM_THREADS``, where set, is the most it takes. Then, once per epoch, ``OthersLoad`` reads how
+much CPU time other processes took on those cores since the last reading (``/proc/stat`` less this process and its
+children), and ``threads_for`` keeps torch off the cores they were busy on.
+"""
+
+import math
+import os
+import time
+from pathlib import Path
+
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# A spin of about 0.1 ms instead of 3 ms before a waiting thread sleeps: docs/how-to/shared_machines.md.
+WAIT_DEFAULT = ("GOMP_SPINCOUNT", "10000")
+
+
+def set_wait_policy(environ: dict | None = None) -> None:
+    """Put machina's spin count in ``environ`` (the process's environment) unless it names a wait policy already.
+    Effective only before torch is imported."""
+    environ = os.environ if environ is None else environ
+    if not any(name in environ for name in WAIT_VARIABLES):
+        environ[WAIT_DEFAULT[0]] = WAIT_DEFAULT[1]
+
+
+def wait_policy(environ: dict | None = None) -> str:
+    """The wait policy in force, as the variables that set it (``libgomp's default`` when none is set)."""
+    environ = os.environ if environ is None else environ
+    return " ".join(f"{name}={environ[name]}" for name in WAIT_VARIABLES if name in environ) or "libgomp's default"
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def jobs_at_once(n_jobs: int | None, local_ranks: int, cores: int) -> int:
+    """The processes of this command that compute at once on this machine: a joblib launcher's ``n_jobs`` (None
+    when there is no such launcher; joblib's negative counts: -1 all cores, -2 all but one, ...) times torchrun's
+    local ranks."""
+    if n_jobs is None:
+        launched = 1
+    elif n_jobs < 0:
+        launched = max(1, cores + 1 + n_jobs)
+    else:
+        launched = max(1, n_jobs)
+    return launched * max(1, local_ranks)
+
+
+def share(cores: int, jobs: int, omp_num_threads: str | None = None) -> int:
+    """This job's part of ``cores`` when ``jobs`` share them (at least 1), at most ``OMP_NUM_THREADS`` where set."""
+    threads = max(1, cores // max(1, jobs))
+    if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
+        threads = min(threads, int(omp_num_threads))
+    return threads
+
+
+def threads_for(cores: int, share: int, others_busy: float) -> int:
+    """Threads for this job: its ``share`` of ``cores``, but none on a core other processes kept busy
+    (``others_busy``: the cores' worth of CPU time they took, rounded half up), and at least 1."""
+    return max(1, min(share, cores - math.floor(others_busy + 0.5)))
+
+
+class OthersLoad:
+    """CPU time that other processes took on this process's cores, in cores, between two readings.
+
+    ``/proc/stat`` counts each core's time in user, system, irq, softirq and steal (not nice: a process at a lower
+    priority yields to this one); this process's own time (``/proc/self/stat``) and that of its descendants (MettaGrid
+    workers, their forkserver) are taken off. Where ``/proc`` is missing ``read`` returns None.
+    """
+
+    def __init__(self, proc: Path = Path("/proc"), cpus: set[int] | None = None, min_seconds: float = 1.0):
+        self.proc = proc
+        self.cpus = cpus if cpus is not None else set(os.sched_getaffinity(0))
+        self.min_seconds = min_seconds
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.last = self._sample()
+
+    def read(self, now: float | None = None) -> float | None:
+        """The other processes' busy cores since the last reading; None when less than ``min_seconds`` passed (the
+        reading is kept for later) or ``/proc`` cannot be read."""
+        sample = self._sample(now)
+        if sample is None or self.last is None:
+            self.last = sample
+            return None
+        wall = sample[0] - self.last[0]
+        if wall < self.min_seconds:
+            return None
+        busy, own = (sample[i] - self.last[i] for i in (1, 2))
+        self.last = sample
+        return max(0.0, (busy - own) / self.tick / wall)
+
+    def _sample(self, now: float | None = None) -> tuple[float, int, int] | None:
+        """(seconds, the cores' busy ticks, this process tree's ticks)."""
+        try:
+            busy = self._busy_ticks()
+            own = self._tree_ticks(os.getpid())
+        except OSError:
+            return None
+        return (time.monotonic() if now is None else now), busy, own
+
+    def _busy_ticks(self) -> int:
+        total = 0
+        for line in (self.proc / "stat").read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.cpus:
+                user, _nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+                total += user + system + irq + softirq + steal
+        return total
+
+    def _tree_ticks(self, pid: int) -> int:
+        """utime + stime of ``pid`` and its live descendants (a process that ended meanwhile counts as 0)."""
+        try:
+            fields = (self.proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
+            ticks = int(fields[11]) + int(fields[12])
+            children = [
+                int(child)
+                for task in (self.proc / str(pid) / "task").iterdir()
+                for child in (task / "children").read_text().split()
+            ]
+        except (OSError, ValueError, IndexError):
+            return 0
+        return ticks + sum(self._tree_ticks(child) for child in children)
