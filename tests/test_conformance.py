@@ -60,7 +60,12 @@ def test_every_component_in_conf_conforms(policy, slot):
     check_component(config[slot], policy=config)
 
 
-@pytest.mark.parametrize("name", LOSSES)
+# Each loss trains a tiny run here (about 1 s): the fast tier checks two, every loss module being covered there by
+# tests/test_teacher_losses.py; the full suite checks them all.
+FAST_LOSSES = ("ppo", "supervisor")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST_LOSSES else pytest.param(n, marks=pytest.mark.slow) for n in LOSSES])
 def test_every_loss_in_conf_conforms(name, request):
     overrides = [f"losses=[{name}]"]
     node = compose(overrides).losses[name]

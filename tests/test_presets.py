@@ -64,7 +64,12 @@ def test_debug_tiny_shrinks_the_sizes_of_a_preset_and_keeps_the_rest(name):
     assert {k: tiny[k] for k in sizes} == sizes
 
 
-@pytest.mark.parametrize("name", PRESETS)
+# A tiny training each (about 1 s): the fast tier trains the main job's preset and the Gymnasium one, every preset's
+# composition being checked there by the test above; the full suite trains them all.
+FAST_PRESETS = ("machina_1", "cartpole")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST_PRESETS else pytest.param(n, marks=pytest.mark.slow) for n in PRESETS])
 def test_every_preset_trains_one_epoch_of_its_tiny_run(name, tmp_path, request):
     overrides = [f"experiment={name}", *ONE_EPOCH]
     config = composed(overrides)
