@@ -21,7 +21,7 @@ def refused(argv) -> str:
     "argv, wrong, closest, options",
     [
         (["losses=[ppo,supervisr]"], "supervisr", "supervisor", "ppo, sliced_scripted_cloner, supervisor"),
-        (["policy=fsat"], "fsat", "fast", "options: fast, mlp, vit"),
+        (["policy=fsat"], "fsat", "fast", "options: conv, fast, mlp, vit"),
         (["experiment=machina1_supervisor"], "machina1_supervisor", "machina_1_supervisor", "machina_1_sweep"),
         (["-m", "losses=[ppo],[ppo,supervisr]"], "supervisr", "supervisor", "eer_cloner"),  # every sweep value
         (["-m", "losses=choice([ppo],[ppo,eer_clner])"], "eer_clner", "eer_cloner", "eer_kickstarter"),
