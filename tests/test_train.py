@@ -102,7 +102,10 @@ def test_bad_setting_exits_with_a_message_not_a_traceback(tmp_path):
 def test_unknown_group_option_is_reported(tmp_path):
     result = run_script("train.py", "policy=nope", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2
-    assert "ConfigError: policy=nope: 'nope' is not an option of group policy; options: conv, fast, mlp, vit" in result.output
+    assert (
+        "ConfigError: policy=nope: 'nope' is not an option of group policy; options: conv, fast, mlp, vit"
+        in result.output
+    )
     assert not (tmp_path / "run").exists()
 
 
