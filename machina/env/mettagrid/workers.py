@@ -54,8 +54,8 @@ class Local:
 
     pids: tuple[int, ...] = ()
 
-    def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays):
-        self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays)
+    def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays, teacher=None):
+        self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays, teacher)
 
     def start(self, command: bytes, group: int) -> None:
         try:
@@ -74,12 +74,12 @@ class Workers:
     """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``)."""
 
     def __init__(self, workers: int, groups: int, buffer, layout: dict, cfg, num_envs: int, seed: int,
-                 stagger: bool, stats: tuple[str, ...]):  # fmt: skip
+                 stagger: bool, stats: tuple[str, ...], teacher=None):  # fmt: skip
         ctx = context()
         self.conns, self.procs = [], []
         for parts in group_parts(num_envs, groups, workers):
             parent, child = ctx.Pipe()
-            args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats)
+            args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats, teacher)
             proc = ctx.Process(target=sims.serve, args=args, daemon=True, name="machina-env-worker")
             proc.start()
             child.close()  # the worker holds the only other end: its end closing is our EOF, and ours is its
