@@ -114,4 +114,4 @@ def test_cloning_the_arena_teacher_raises_agreement(tmp_path):
     assert result.returncode == 0, result.output[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
-    assert sum(agreement[-3:]) / 3 > agreement[0] + 0.15, agreement
+    assert sum(agreement[-3:]) / 3 > agreement[0] + 0.2, agreement  # measured: 0.26 -> 0.55

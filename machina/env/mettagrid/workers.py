@@ -50,7 +50,7 @@ def group_parts(num_envs: int, groups: int, workers: int) -> list[list[range]]:
 
 
 class Local:
-    """The envs stepped in this process (one ``Sims`` over all of them; one group)."""
+    """The envs stepped in this process (one ``Sims`` over all of them; one group), with ``teacher``'s actions."""
 
     pids: tuple[int, ...] = ()
 
@@ -71,7 +71,8 @@ class Local:
 
 
 class Workers:
-    """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``)."""
+    """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``); with
+    ``teacher`` (an ``ArenaTeacher``), each also writes the teacher's actions for the envs it steps."""
 
     def __init__(self, workers: int, groups: int, buffer, layout: dict, cfg, num_envs: int, seed: int,
                  stagger: bool, stats: tuple[str, ...], teacher=None):  # fmt: skip
