@@ -84,20 +84,23 @@ class ArenaTeacher:
 
     def search(self, goal: np.ndarray, passable: np.ndarray) -> np.ndarray:
         """int64 [n]: per agent, the index (in ``MOVES``) of the neighbour nearest a goal (ties: the earlier in
-        ``MOVES``), -1 where no goal is reachable inside the window."""
+        ``MOVES``), -1 where no goal is reachable inside the window. Each sweep works on the agents still searching
+        only (those that see a goal, can move, and whose search still grows)."""
         choice = np.full(goal.shape[0], -1, dtype=np.int64)
-        reach = goal.copy()
+        rows = np.flatnonzero(goal.any(1) & self.neighbours(passable | goal).any(1))
+        reach, passable = goal[rows], passable[rows]
         for _ in range(self.sweeps):
+            if not rows.size:
+                break
             hit = self.neighbours(reach)
-            new = (choice < 0) & hit.any(1)
-            choice[new] = hit[new].argmax(1)
+            found = hit.any(1)
+            choice[rows[found]] = hit[found].argmax(1)
             grown = reach | (reach << 1) | (reach >> 1)
             grown[:, 1:-1] |= reach[:, :-2] | reach[:, 2:]
             grown &= passable
             grown |= reach
-            if (choice >= 0).all() or np.array_equal(grown, reach):
-                break
-            reach = grown
+            searching = ~found & (grown != reach).any(1)
+            rows, reach, passable = rows[searching], grown[searching], passable[searching]
         return choice
 
     def neighbours(self, bits: np.ndarray) -> np.ndarray:
