@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from machina import keys
+from machina.errors import ConfigError
 from machina.startup.build import build
 from tests.commands import run_script
 from tests.conftest import compose_config
@@ -61,6 +62,15 @@ def test_the_teacher_is_offered_to_arena_games_only_and_returned_only_when_asked
             assert (keys.TEACHER_ACTIONS in td.keys()) == has
     actions = asked.step(moves)[keys.TEACHER_ACTIONS]
     assert actions.shape == (asked.num_agents,) and ((actions >= 0) & (actions < asked.spec.num_actions)).all()
+
+
+def test_the_teacher_names_what_a_game_without_the_arena_chain_lacks():
+    from machina.env.mettagrid import game_file
+    from machina.env.mettagrid.teacher import ArenaTeacher
+
+    lacks = "this game has no mine object, converter taking ore, tag / inv:ore / episode_completion_pct tokens$"
+    with pytest.raises(ConfigError, match=f"the arena teacher \\(teacher_actions\\) needs .*; {lacks}"):
+        ArenaTeacher(game_file.read_game("dungeon"))
 
 
 def test_worker_processes_give_the_teacher_actions_of_the_in_process_env():

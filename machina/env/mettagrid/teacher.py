@@ -25,7 +25,7 @@ from machina.env.mettagrid import game_file
 from machina.errors import ConfigError
 
 MOVES = ("move_north", "move_south", "move_west", "move_east")  # the neighbour order of the search
-NEED = "the arena's objects (mine, converter), resource ore, tokens tag / inv:ore, and the four moves"
+NEED = "a mine, a converter taking ore, the tokens tag / inv:ore / episode_completion_pct and the four moves"
 
 
 class ArenaTeacher:
@@ -130,7 +130,9 @@ def missing(cfg) -> str:
     needs = {
         "mine object": "type:mine" in tags,
         "converter taking ore": "type:converter" in tags and converter_cost(cfg) is not None,
-        "ore / tag / progress tokens": all(n in names for n in ("tag", "inv:ore", "episode_completion_pct")),
+        "tag / inv:ore / episode_completion_pct tokens": all(
+            n in names for n in ("tag", "inv:ore", "episode_completion_pct")
+        ),
         "move actions": set(MOVES) <= set(game_file.action_names(cfg)),
         "window of at most 15 x 15 cells": max(game.obs.height, game.obs.width) <= 15,
     }
