@@ -46,7 +46,7 @@ def test_random_actions_give_well_formed_tokens_and_episodes_reset():
 
     env = MettaGridEnv(num_envs=4, max_steps=10, seed=1, stats=ARENA_STATS)
     spec, n = env.spec, env.spec.num_agents
-    assert spec.outputs == frozenset() and spec.num_actions == 5
+    assert spec.outputs == frozenset({keys.TEACHER_ACTIONS}) and spec.num_actions == 5
     gen = torch.Generator().manual_seed(0)
     td = env.reset()
     truncations = torch.zeros(n)
@@ -109,7 +109,7 @@ def test_mining_and_converting_yield_a_heart_and_its_reward(tmp_path):
 @pytest.mark.parametrize("loss", ["supervisor", "sliced_scripted_cloner", "eer_cloner"])
 def test_losses_that_need_teacher_actions_are_refused(loss):
     pytest.importorskip("mettagrid")
-    cfg = compose_config(["env=mettagrid_arena", f"losses=[ppo,{loss}]", *TINY])
+    cfg = compose_config(["env=mettagrid_arena", "env.game=dungeon", f"losses=[ppo,{loss}]", *TINY])  # no teacher
     with pytest.raises(ConfigError, match=f"loss '{loss}' reads the env output teacher_actions.*MettaGridEnv"):
         build(cfg)
 

@@ -14,7 +14,9 @@ Agent index = env_index * agents_per_env + slot. An env whose episode ended (eve
 ``max_steps`` or terminated) restarts within the same step on a new map: REWARDS / TRUNCATED describe the step
 that ended the episode, OBS is already the new episode's first observation. First episodes are staggered (ended
 early at a step in [1, max_steps]; only on random maps, i.e. a map builder with a ``seed``) so that envs do not
-reset in lockstep. No teacher actions.
+reset in lockstep. Games with the arena's chain (mines, converters, ore: ``teacher.missing``) declare the optional
+output TEACHER_ACTIONS: asked for it (``outputs``), the process or worker that steps an env also writes the scripted
+arena teacher's action for every new observation (``teacher.py``), and ``reset`` / ``observe`` / ``step`` return it.
 
 Tokens are MettaGrid's (packed ``row << 4 | col`` location, feature id, value; padding 0xFF) with one change:
 global tokens (episode progress, last reward), which MettaGrid marks with location 0xFE, are moved to the centre
@@ -36,6 +38,7 @@ from machina import keys
 from machina.env.base import Env, Grouped, Resumable
 from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.mettagrid import game_file
+from machina.env.mettagrid.teacher import ArenaTeacher, missing
 from machina.env.spec import EnvSpec, ObsSpec
 from machina.errors import ConfigError, EnvFailed
 from machina.files import saved_state
@@ -58,8 +61,8 @@ class MettaGridEnv(Env, Resumable, Grouped):
     (the game's content as a run keeps it, ``game_file.canonical``: eval.py passes a run's own, so that the run is
     evaluated on the game it trained on whatever the file ``game`` names today; ``game`` then only names it).
     ``outputs``
-    is taken for the common constructor signature; this env declares no optional outputs. ``stagger`` False plays
-    whole first episodes (evaluation).
+    may hold TEACHER_ACTIONS, which arena-like games declare (``spec.outputs``); other keys are ignored.
+    ``stagger`` False plays whole first episodes (evaluation).
 
     Capabilities (``machina.env.base``): ``Resumable`` without continuing episodes (MettaGrid's C++ state is not
     saved: the episode counters and stat sums are, and a restored env starts new episodes with the seeds that follow
@@ -102,7 +105,10 @@ class MettaGridEnv(Env, Resumable, Grouped):
         names, norms = game_file.feature_table(cfg)
         obs_spec = ObsSpec(max_tokens, window, names, norms)
         # Staggered first episodes end early and the observation carries no step counter: truncations are bootstrapped.
-        self.spec = EnvSpec(num_envs, a, len(game_file.action_names(cfg)), obs_spec, frozenset(), observes_time=False)
+        declared = frozenset() if missing(cfg) else frozenset({keys.TEACHER_ACTIONS})
+        num_actions = len(game_file.action_names(cfg))
+        self.spec = EnvSpec(num_envs, a, num_actions, obs_spec, declared, observes_time=False)
+        self.teacher = ArenaTeacher(cfg) if keys.TEACHER_ACTIONS in declared & frozenset(outputs) else None
         self.centre = (window // 2) << 4 | window // 2
         # Two equal groups of whole envs; an odd count (a replay's one env, say) steps as one group.
         self.groups = 2 if overlap and num_envs % 2 == 0 else 1
@@ -114,12 +120,23 @@ class MettaGridEnv(Env, Resumable, Grouped):
         if processes == 0:
             buffer = np.zeros(size, dtype=np.uint8)
             self.arrays = sims.batch_arrays(buffer, layout)
-            self.runner = worker_processes.Local(cfg, num_envs, seed, stagger, tuple(stats.values()), self.arrays)
+            self.runner = worker_processes.Local(
+                cfg, num_envs, seed, stagger, tuple(stats.values()), self.arrays, self.teacher
+            )
         else:
             buffer = worker_processes.shared_buffer(size)
             self.arrays = sims.batch_arrays(buffer, layout)
             self.runner = worker_processes.Workers(
-                processes, self.groups, buffer, layout, cfg, num_envs, seed, stagger, tuple(stats.values())
+                processes,
+                self.groups,
+                buffer,
+                layout,
+                cfg,
+                num_envs,
+                seed,
+                stagger,
+                tuple(stats.values()),
+                self.teacher,
             )
         self.host_processes = processes
         self.commands = sims
@@ -158,6 +175,8 @@ class MettaGridEnv(Env, Resumable, Grouped):
             keys.TERMINATED: zeros,
             keys.TRUNCATED: zeros.clone(),
         }
+        if self.teacher is not None:
+            out[keys.TEACHER_ACTIONS] = self.host["teacher_actions"].clone()
         return TensorDict(out, batch_size=[self.num_agents]).to(self.device, non_blocking=True)
 
     def step(self, actions: torch.Tensor) -> TensorDict:
@@ -166,8 +185,9 @@ class MettaGridEnv(Env, Resumable, Grouped):
         actions: int64 (or int32) [N], ids in [0, num_actions). Returns a TensorDict, batch [N], on ``device``: OBS
         uint8 [N, M, 3], REWARDS float32 [N], TERMINATED bool [N], TRUNCATED bool [N] (see the module docstring for
         ended episodes), and FINAL_OBS uint8 [N, M, 3] on steps where some agent was truncated (the observation
-        each truncated agent saw when its episode ended; rows of other agents are their current observation). No
-        TEACHER_ACTIONS. EnvFailed if a worker died or its engine raised.
+        each truncated agent saw when its episode ended; rows of other agents are their current observation), and
+        TEACHER_ACTIONS int64 [N] (the arena teacher's action for OBS) when built with it in ``outputs``. EnvFailed
+        if a worker died or its engine raised.
         """
         self._check_idle("step")
         self._put_actions(self.everyone, actions)
@@ -290,6 +310,8 @@ class MettaGridEnv(Env, Resumable, Grouped):
             keys.TERMINATED: hand(host["step_terminals"][agents]),
             keys.TRUNCATED: hand(host["step_truncations"][agents]),
         }
+        if self.teacher is not None:
+            out[keys.TEACHER_ACTIONS] = hand(host["teacher_actions"][agents])
         truncated = arrays["step_truncations"][agents]
         if truncated.any():
             # Each agent's final observation where it was truncated, else its current one (one masked copy).

@@ -7,9 +7,10 @@ The batch arrays (``batch_layout``) are numpy views of one flat byte buffer: pro
 index = env * A + slot): ``observations`` and ``final_observations`` uint8 [N, M, 3], the engines' ``rewards``
 float32 and ``terminals`` / ``truncations`` bool (a restarted engine clears its own), the last step's
 ``step_rewards`` / ``step_terminals`` / ``step_truncations`` (what the env returns), ``actions`` / ``vibe_actions``
-int32 (vibe actions unused: machina emits one action). Per env: ``ended`` bool (the episode ended on the last
-step), ``ended_stats`` float64 [E, 2 + K] (that episode's per-agent mean return, its length, then the K ``stats``
-summed over its agents), ``episode`` int64 (episodes started: the next seed's offset).
+int32 (vibe actions unused: machina emits one action), ``teacher_actions`` int64 (the arena teacher's action for
+each current observation, written only when the env has the teacher: ``teacher.py``). Per env: ``ended`` bool
+(the episode ended on the last step), ``ended_stats`` float64 [E, 2 + K] (that episode's per-agent mean return, its
+length, then the K ``stats`` summed over its agents), ``episode`` int64 (episodes started: the next seed's offset).
 
 An env's numbers depend only on the seed, its index and the actions, never on which process or range steps it:
 its seeds are ``episode_seed(seed, e, episode)`` (map and engine: a mix of the three numbers into MettaGrid's
@@ -67,6 +68,7 @@ def batch_layout(num_agents: int, max_tokens: int, num_envs: int, num_stats: int
         "step_truncations": (np.bool_, (num_agents,)),
         "actions": (np.int32, (num_agents,)),
         "vibe_actions": (np.int32, (num_agents,)),
+        "teacher_actions": (np.int64, (num_agents,)),
         "ended": (np.bool_, (num_envs,)),
         "ended_stats": (np.float64, (num_envs, 2 + num_stats)),
         "episode": (np.int64, (num_envs,)),
@@ -101,12 +103,16 @@ class Sims:
     """The envs ``envs`` (a contiguous range of the E envs) of game ``cfg``, stepping in ``arrays``.
 
     ``stats``: MettaGrid agent stats recorded per ended episode (``ended_stats[:, 2:]``). ``stagger``: staggered
-    first episodes (random maps only). Envs are started by ``start_all`` or ``restart``, not on construction.
+    first episodes (random maps only). ``teacher``: an ``ArenaTeacher`` that writes ``teacher_actions`` for the
+    observations of every start and step, or None. Envs are started by ``start_all`` or ``restart``, not on
+    construction.
     """
 
-    def __init__(self, cfg, envs: range, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays):
+    def __init__(self, cfg, envs: range, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays,
+                 teacher=None):  # fmt: skip
         game = cfg.game
         self.cfg, self.envs, self.num_envs, self.seed, self.stats = cfg, envs, num_envs, seed, stats
+        self.teacher = teacher
         a = self.agents = game.num_agents
         n = len(envs)
         self.rows = slice(envs.start * a, envs.stop * a)
@@ -163,6 +169,7 @@ class Sims:
         for i in range(len(self.envs)):
             self._start(i)
         self._move_globals(self.rows)
+        self._teach()
 
     def step(self) -> None:
         """One step of every env with the actions in ``arrays["actions"]``; ended episodes are recorded
@@ -191,6 +198,13 @@ class Sims:
         if self.env_done.any():
             for i in np.flatnonzero(self.env_done):
                 self._end(int(i))
+        self._teach()
+
+    def _teach(self) -> None:
+        """The teacher's actions for this range's current observations (after restarts: the new episodes')."""
+        if self.teacher is not None:
+            rows = self.rows
+            self.teacher.actions(self.arrays["observations"][rows], self.arrays["teacher_actions"][rows])
 
     def _start(self, i: int) -> None:
         if self.sims[i] is not None:
@@ -230,7 +244,7 @@ class Sims:
 
 
 def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_envs: int, seed: int, stagger: bool,
-          stats: tuple[str, ...]) -> None:  # fmt: skip
+          stats: tuple[str, ...], teacher=None) -> None:  # fmt: skip
     """A worker's loop (``workers``): the envs of ``parts`` (one range per group) in the shared
     ``buffer``, stepped on the parent's commands through ``conn`` (two bytes: command, group), each answered with
     b"" or, once an engine raised, the error's one line (then the worker exits). Exits when the parent closes its
@@ -238,7 +252,7 @@ def serve(conn, buffer, layout: dict[str, tuple], cfg, parts: list[range], num_e
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         arrays = batch_arrays(buffer, layout)
-        groups = [Sims(cfg, part, num_envs, seed, stagger, stats, arrays) for part in parts]
+        groups = [Sims(cfg, part, num_envs, seed, stagger, stats, arrays, teacher) for part in parts]
         error = b""
     except Exception as err:  # reported with the first answer
         error = one_line(f"{type(err).__name__}: {err}").encode()

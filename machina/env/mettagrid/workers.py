@@ -50,12 +50,12 @@ def group_parts(num_envs: int, groups: int, workers: int) -> list[list[range]]:
 
 
 class Local:
-    """The envs stepped in this process (one ``Sims`` over all of them; one group)."""
+    """The envs stepped in this process (one ``Sims`` over all of them; one group), with ``teacher``'s actions."""
 
     pids: tuple[int, ...] = ()
 
-    def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays):
-        self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays)
+    def __init__(self, cfg, num_envs: int, seed: int, stagger: bool, stats: tuple[str, ...], arrays, teacher=None):
+        self.sims = Sims(cfg, range(num_envs), num_envs, seed, stagger, stats, arrays, teacher)
 
     def start(self, command: bytes, group: int) -> None:
         try:
@@ -71,15 +71,16 @@ class Local:
 
 
 class Workers:
-    """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``)."""
+    """``workers`` processes stepping the envs of ``groups`` groups in the shared ``buffer`` (``batch_layout``); with
+    ``teacher`` (an ``ArenaTeacher``), each also writes the teacher's actions for the envs it steps."""
 
     def __init__(self, workers: int, groups: int, buffer, layout: dict, cfg, num_envs: int, seed: int,
-                 stagger: bool, stats: tuple[str, ...]):  # fmt: skip
+                 stagger: bool, stats: tuple[str, ...], teacher=None):  # fmt: skip
         ctx = context()
         self.conns, self.procs = [], []
         for parts in group_parts(num_envs, groups, workers):
             parent, child = ctx.Pipe()
-            args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats)
+            args = (child, buffer, layout, cfg, parts, num_envs, seed, stagger, stats, teacher)
             proc = ctx.Process(target=sims.serve, args=args, daemon=True, name="machina-env-worker")
             proc.start()
             child.close()  # the worker holds the only other end: its end closing is our EOF, and ours is its
