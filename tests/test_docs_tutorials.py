@@ -106,4 +106,8 @@ def test_the_tutorial_runs_as_written(name, tmp_path, monkeypatch):
         pytest.importorskip(NEEDS[name])
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` puts the working folder first: the page's own modules
-    run_page(TUTORIALS / name, tmp_path)
+    try:
+        run_page(TUTORIALS / name, tmp_path)
+    finally:  # the page's modules (my_games) go with its folder: another test may write its own of that name
+        for module in [m for m in sys.modules.values() if str(getattr(m, "__file__", "")).startswith(str(tmp_path))]:
+            del sys.modules[module.__name__]
