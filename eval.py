@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from machina import start_up_signals
-from machina.startup import threads
 
 if __name__ == "__main__":  # before the imports below (seconds): a Ctrl-C during them is one line too
     start_up_signals.install()
-    threads.set_wait_policy()  # libgomp reads it once, when torch loads (machina/startup/threads.py)
 
 import hydra
 import torch

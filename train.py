@@ -4,11 +4,9 @@ import sys
 from pathlib import Path
 
 from machina import start_up_signals
-from machina.startup import threads
 
 if __name__ == "__main__":  # before the imports below (seconds): a signal during them is one line too
     start_up_signals.install(" outside training; the same command continues the folder's last checkpoint, if any")
-    threads.set_wait_policy()  # libgomp reads it once, when torch loads (machina/startup/threads.py)
 
 import hydra
 from omegaconf import DictConfig

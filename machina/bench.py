@@ -13,12 +13,7 @@ and a warning when the load average says another process is busy.
 
 import sys
 
-from machina.startup import threads
-
-if __name__ == "__main__":  # torch's OpenMP threads wait as in train.py: libgomp reads the policy when torch loads
-    threads.set_wait_policy()
-
-from machina.speed import env, mettagrid, overhead, policy, training  # noqa: E402
+from machina.speed import env, mettagrid, overhead, policy, training
 
 MODES = {"env": env.main, "mettagrid": mettagrid.main, "policy": policy.main, "overhead": overhead.main}
 

@@ -168,26 +168,20 @@ def libgomp_settings(script: str, env: dict[str, str]) -> str:
     return result.stderr
 
 
-@pytest.mark.parametrize("script", ["train.py", pytest.param("eval.py", marks=pytest.mark.slow)])
-def test_the_wait_policy_is_in_place_before_torch_loads(script):
-    assert f"GOMP_SPINCOUNT = '{threads.WAIT_DEFAULT[1]}'" in libgomp_settings(script, {})
-
-
-def test_the_users_wait_policy_wins():
+def test_the_users_wait_policy_reaches_libgomp():
+    """machina leaves libgomp's wait to the user (a shorter spin cost about 4% of a quiet run's speed): what the
+    environment says is what torch's OpenMP threads do."""
     read = libgomp_settings("train.py", {"OMP_WAIT_POLICY": "ACTIVE"})
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in read and "GOMP_SPINCOUNT = '30000000000'" in read  # libgomp's active
-    environ = {"GOMP_SPINCOUNT": "300000"}
-    threads.set_wait_policy(environ)
-    assert environ == {"GOMP_SPINCOUNT": "300000"}
 
 
-def test_the_contention_script_measures_libgomps_wait_before_and_machinas_after(monkeypatch):
+def test_the_contention_script_measures_libgomps_wait_unless_told_another(monkeypatch):
     from machina.speed import contention
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the measuring user's own: neither side inherits it
-    assert not set(threads.WAIT_VARIABLES) & set(contention.environment("before", None))
-    after = contention.environment("after", None)
-    assert after["GOMP_SPINCOUNT"] == threads.WAIT_DEFAULT[1] and "OMP_WAIT_POLICY" not in after
+    for settings in ("before", "after"):
+        assert not set(threads.WAIT_VARIABLES) & set(contention.environment(settings, None))
+    assert not set(threads.WAIT_VARIABLES) & set(contention.environment("before", "OMP_WAIT_POLICY=PASSIVE"))
     tried = contention.environment("after", "OMP_WAIT_POLICY=PASSIVE")
     assert tried["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in tried
     with pytest.raises(SystemExit) as refused:

@@ -12,9 +12,9 @@ Cases:
 - busy: one job beside a Python busy loop pinned to the last of this process's cores (started and killed here);
 - sweep: two jobs at once, as a parallel launcher runs them (each keeps training until both have measured).
 
-Settings: "before" is ``system.threads=0`` (torch's default, every core) with libgomp's own wait (``OMP_WAIT_POLICY``
-and ``GOMP_SPINCOUNT`` unset); "after" is machina's defaults (``system.threads=auto`` and the wait policy of
-``machina.startup.threads``; ``--wait NAME=VALUE`` tries another); "1 thread" is ``system.threads=1`` per job, the
+Settings: "before" is ``system.threads=0`` (torch's default, every core); "after" is machina's default
+(``system.threads=auto``); both with libgomp's own wait (``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` unset;
+``--wait NAME=VALUE`` tries another for "after" and "1 thread"); "1 thread" is ``system.threads=1`` per job, the
 sweep's 2 jobs x 1 core. ``kept`` is a case's agent-steps/s (both jobs together in a sweep) over the quiet case of its
 settings. Each of the 7 cases adds its jobs' start and warm-up epoch (about 10 s on a quiet 2-core machine) to
 ``--seconds``, so about 5 minutes in all there; on a busy machine "before" runs many times slower, and so does this.
@@ -58,15 +58,11 @@ def job(seconds: float, overrides: list[str], stop: str) -> None:
 
 
 def environment(settings: str, wait: str | None) -> dict[str, str]:
-    """The jobs' environment: libgomp's own wait for "before", machina's (or ``wait``) otherwise."""
+    """The jobs' environment: libgomp's own wait, or for the settings other than "before" ``wait`` where given."""
     env = {k: v for k, v in os.environ.items() if k not in threads.WAIT_VARIABLES}
-    if settings == "before":
-        return env
-    if wait:
+    if wait and settings != "before":
         name, _, value = wait.partition("=")
         env[name] = value
-    else:
-        threads.set_wait_policy(env)
     return env
 
 

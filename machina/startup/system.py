@@ -36,10 +36,9 @@ class System:
             least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
             run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). N: exactly N
             threads, never changed; 0: torch's default (all cores), never changed.
-            Torch's OpenMP threads also wait differently from libgomp's default: they spin about 0.1 ms at a barrier
-            before sleeping instead of about 3 ms (``GOMP_SPINCOUNT=10000``, set by ``train.py``, ``eval.py`` and
-            ``python -m machina.bench`` before torch loads; ``machina.startup.threads``). Set ``OMP_WAIT_POLICY`` or
-            ``GOMP_SPINCOUNT`` in the environment to choose yourself (``GOMP_SPINCOUNT=300000`` is libgomp's own).
+            How the OpenMP threads wait is libgomp's default (3 ms spins) unless ``OMP_WAIT_POLICY`` or
+            ``GOMP_SPINCOUNT`` is in the environment (``machina.startup.threads``: a shorter spin cost a quiet run
+            about 4%).
         tf32: allow TF32 matmuls and convolutions on Ampere+ GPUs.
         bf16_matmuls: reduced-precision inputs for float32 matrix products, summed in float32
             (``torch.set_float32_matmul_precision("medium")``; ``machina.precision.set_matmul_precision``). On a CPU

@@ -1,14 +1,15 @@
-"""How many threads torch computes on, and how its OpenMP threads wait: the decisions, torch-free.
+"""How many threads torch computes on: the decision, torch-free.
 
-``machina.startup.system.System`` applies them (its docstring is the user's reference); this module holds what must
-run before torch loads and the arithmetic, so that tests can check both without torch.
+``machina.startup.system.System`` applies it (its docstring is the user's reference); this module holds the arithmetic
+and the load reading, so that tests can check them without torch.
 
-The wait policy. torch's CPU wheel runs its parallel regions on libgomp, whose threads spin at each barrier (about
-3 ms, ``GOMP_SPINCOUNT`` 300000 by default) before they sleep. On a machine where another process is busy, a
-spinning thread keeps the core its descheduled partner needs, and every parallel region waits out a scheduler slice.
-libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when torch loads, so ``set_wait_policy`` runs first
-thing in ``train.py``, ``eval.py`` and ``python -m machina.bench``; a process that sets either variable itself keeps
-its own value.
+The wait policy is libgomp's own, or the user's. torch's CPU wheel runs its parallel regions on libgomp, whose threads
+spin at each barrier (about 3 ms, ``GOMP_SPINCOUNT`` 300000 by default) before they sleep: on a machine where another
+process is busy, a spinning thread keeps the core its descheduled partner needs, and every parallel region waits out
+a scheduler slice. The thread count below removes the partner instead (one thread never waits for another); a shorter
+spin, set before torch loads, cost a quiet run about 4% of its speed on a 2-core CPU, so machina sets none.
+``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` in the environment are the user's choice (``wait_policy`` names them in the
+start-up log).
 
 The thread count (``system.threads: auto``). The cores this process may run on (``os.sched_getaffinity``) are divided
 among the jobs that run at once on the machine (``jobs_at_once``: a Hydra joblib launcher's ``n_jobs``, torchrun's
@@ -23,16 +24,6 @@ import time
 from pathlib import Path
 
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-# A spin of about 0.1 ms instead of 3 ms before a waiting thread sleeps: docs/how-to/shared_machines.md.
-WAIT_DEFAULT = ("GOMP_SPINCOUNT", "10000")
-
-
-def set_wait_policy(environ: dict | None = None) -> None:
-    """Put machina's spin count in ``environ`` (the process's environment) unless it names a wait policy already.
-    Effective only before torch is imported."""
-    environ = os.environ if environ is None else environ
-    if not any(name in environ for name in WAIT_VARIABLES):
-        environ[WAIT_DEFAULT[0]] = WAIT_DEFAULT[1]
 
 
 def wait_policy(environ: dict | None = None) -> str:
