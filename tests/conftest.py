@@ -47,6 +47,18 @@ def wandb_dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
+def sampled(cases, every: int = 3) -> list:
+    """A long list of fuzz cases for ``pytest.mark.parametrize``: the fast tier (``-m "not slow"``) runs every
+    ``every``-th of them, spread over the list; the full suite runs them all. A case is one value or a tuple of the
+    argument values."""
+    return [
+        case
+        if i % every == 0
+        else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+        for i, case in enumerate(cases)
+    ]
+
+
 def run_train(args, cwd=ROOT, timeout=600, env_extra=None):
     """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
     import subprocess

@@ -45,7 +45,10 @@ def test_command_line_beats_the_preset():
     assert cfg.policy.action_probs.emit_full_log_probs is True
 
 
-@pytest.mark.parametrize("policy", options("policy"))
+# conv builds a PettingZoo pursuit env (about 4 s): in the full suite; test_conv_encoder.py covers it in the fast tier.
+@pytest.mark.parametrize(
+    "policy", [p if p != "conv" else pytest.param(p, marks=pytest.mark.slow) for p in options("policy")]
+)
 def test_every_policy_builds_for_its_env(policy):
     """Each policy option builds for the env it plays (the default env, or the first whose observations it reads,
     derived: ``tests.conf_walk.env_for_policy``) and acts on that env's observations with its actions."""

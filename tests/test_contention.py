@@ -98,6 +98,7 @@ def test_system_follows_the_others_load_down_and_back_up(tmp_path, monkeypatch):
     assert torch.get_num_threads() == system.share
 
 
+@pytest.mark.slow  # a real busy process for a second or more
 def test_a_busy_process_beside_the_run_takes_a_thread_away():
     """A real busy loop, not a child of this process (a shell starts it and exits), pinned to one of our cores."""
     system = System(device="cpu", threads="auto")
@@ -168,6 +169,7 @@ def libgomp_settings(script: str, env: dict[str, str]) -> str:
     return result.stderr
 
 
+@pytest.mark.slow  # a train.py process
 def test_the_users_wait_policy_reaches_libgomp():
     """machina leaves libgomp's wait to the user (a shorter spin cost about 4% of a quiet run's speed): what the
     environment says is what torch's OpenMP threads do."""

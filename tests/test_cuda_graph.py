@@ -79,7 +79,7 @@ def trained(overrides, graph: bool):
     return trainer, metrics
 
 
-@pytest.mark.parametrize("losses", ["[ppo]", "[ppo,supervisor]"])
+@pytest.mark.parametrize("losses", ["[ppo]", pytest.param("[ppo,supervisor]", marks=pytest.mark.slow)])
 def test_graphed_rollout_and_update_train_what_eager_ones_do(losses):
     """[ppo]: the forward and the env step as one graph; [ppo,supervisor]: teacher-led actions between them, so the
     forward alone. Both with prioritized sampling and two update passes (the second reads written-back ratios)."""

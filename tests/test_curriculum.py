@@ -207,7 +207,7 @@ def test_training_runs_each_stage_on_its_maps_logs_the_stage_and_ends_on_the_def
     assert trainer.rollout.env.settings() == {"region_size": None, "inventory_cap": 4}
 
 
-@pytest.mark.parametrize("resume_after", [1, 2])
+@pytest.mark.parametrize("resume_after", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_resume_inside_a_stage_continues_like_the_uninterrupted_run(tmp_path, resume_after):
     """Stage 0 (region 5) for epochs 1-2, the default map from epoch 3: a resume after epoch 1 re-applies stage 0, one
     after epoch 2 starts stage 1; either must draw the layouts the uninterrupted run drew."""

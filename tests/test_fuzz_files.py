@@ -30,6 +30,7 @@ from machina.policy.io import load_policy, load_teacher
 from machina.run_folder.reading import read_run
 from machina.training.checkpoint import load_checkpoint
 from tests.commands import run_module, run_script
+from tests.conftest import sampled
 from tests.test_checkpoint import EPOCH, TINY, run
 
 SEED = int(os.environ.get("FUZZ_SEED", "30"))
@@ -204,7 +205,7 @@ def loaders(folder: Path) -> dict[str, Callable[[], object]]:
     }
 
 
-@pytest.mark.parametrize(("file", "mutation", "seed"), variants(60, SEED))
+@pytest.mark.parametrize(("file", "mutation", "seed"), sampled(variants(60, SEED)))
 def test_every_loader_refuses_damage_with_a_config_error_and_runs_nothing(pristine, tmp_path, file, mutation, seed):
     folder = damaged_copy(pristine, tmp_path, file, mutation, seed)
     before = snapshot(folder)

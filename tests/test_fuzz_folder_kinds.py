@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.commands import run_script
-from tests.conftest import CONF
+from tests.conftest import CONF, sampled
 from tests.test_checkpoint import TINY, run_reporting
 from tests.test_history import one_error_line
 
@@ -74,7 +74,7 @@ def state(root: Path) -> dict[str, str]:
 CASES = [(part, kind) for part, (wanted, _) in PARTS.items() for kind in KINDS if kind not in RIGHT[wanted]]
 
 
-@pytest.mark.parametrize(("part", "kind"), CASES)
+@pytest.mark.parametrize(("part", "kind"), sampled(CASES))
 def test_a_part_of_the_wrong_kind_is_refused_before_anything_is_written(tmp_path, part, kind):
     outside = tmp_path / "outside"
     (outside / "a_folder").mkdir(parents=True)

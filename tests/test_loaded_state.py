@@ -25,7 +25,7 @@ from machina.files import checksum
 from machina.policy.io import load_policy, load_teacher
 from machina.startup.build import build, build_trainer
 from machina.training.checkpoint import Checkpointer, load_checkpoint
-from tests.conftest import compose_config
+from tests.conftest import compose_config, sampled
 from tests.test_checkpoint import EPOCH, TINY, metrics, random_policy_file, run, run_reporting
 
 
@@ -338,7 +338,7 @@ INCONSISTENT = {
 }
 
 
-@pytest.mark.parametrize("case", INCONSISTENT)
+@pytest.mark.parametrize("case", sampled(list(INCONSISTENT)))
 def test_inconsistent_state_in_the_folders_checkpoint_stops_the_rerun_and_changes_nothing(
     trained, losses, tmp_path, case
 ):

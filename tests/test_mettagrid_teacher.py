@@ -102,7 +102,10 @@ def test_the_evaluation_s_teacher_row_returns_several_times_the_random_row():
     assert 0.0 <= rows["policy"]["teacher_agreement"] <= 1.0
 
 
-@pytest.mark.parametrize("loss", ["supervisor", "sliced_scripted_cloner", "eer_cloner"])
+@pytest.mark.parametrize(
+    "loss",
+    ["supervisor", *(pytest.param(loss, marks=pytest.mark.slow) for loss in ("sliced_scripted_cloner", "eer_cloner"))],
+)
 def test_the_teacher_losses_train_on_the_arena(tmp_path, loss):
     run_dir = tmp_path / "run"
     args = [*TINY, f"losses=[ppo,{loss}]", "trainer.total_timesteps=768", f"hydra.run.dir={run_dir}"]

@@ -6,7 +6,9 @@ import pytest
 from machina.speed import overhead
 
 
-@pytest.mark.parametrize("policy", sorted(overhead.NARROW))
+@pytest.mark.parametrize(
+    "policy", [p if p == "policy=fast" else pytest.param(p, marks=pytest.mark.slow) for p in sorted(overhead.NARROW)]
+)
 def test_the_narrow_policy_runs_the_same_ops_per_rollout_step(policy, capsys):
     (result,) = overhead.main(["--json", policy])
     assert result["ops_per_step"] == result["ops_per_step_narrow"] > 100

@@ -108,6 +108,7 @@ def test_an_existing_run_folder_that_is_not_writable_is_refused(tmp_path):
     assert f"'{tmp_path / 'run'}' is not writable" in refused([f"hydra.run.dir={tmp_path / 'run'}"])
 
 
+@pytest.mark.slow  # a train.py process; test_folder_trust.py checks the real script's exit code in the fast tier
 def test_train_py_exits_2_with_the_message_and_creates_nothing(tmp_path, wandb_dirs):
     run_dir = tmp_path / "run"
     for args, message in [

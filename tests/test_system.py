@@ -136,6 +136,7 @@ def test_evaluation_computes_in_float32_inside_a_bf16_run_and_gives_the_run_its_
         assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
 
 
+@pytest.mark.slow  # torch.compile
 def test_an_evaluation_inside_a_compiled_run_does_not_recompile_its_policy():
     """torch.compile guards a compiled function on the TF32 switch: an evaluation that flipped it would compile the
     policy again, a minute of a compiled run's time on this CPU."""
