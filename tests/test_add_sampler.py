@@ -22,7 +22,7 @@ class FirstBlock:
         self.weights = torch.full((minibatch_segments, 1), weight, device=device)
         self.calls: list[tuple] = []
 
-    def prepare(self, advantages: torch.Tensor, progress: float) -> None:
+    def prepare(self, advantages: torch.Tensor, progress: float, active: torch.Tensor | None) -> None:
         self.calls.append(("prepare", tuple(advantages.shape)))
 
     def minibatch(self, i: int) -> tuple[slice, torch.Tensor]:

@@ -14,7 +14,6 @@ The training view (``prepare_training``, once per epoch) is what minibatches are
 ``compact_tokens`` the buffer with token observations cut to the epoch's widest real observation.
 """
 
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
@@ -142,10 +141,8 @@ class Experience:
         self._token_width: torch.Tensor | None = None
         self._training = self.buffer
         # Envs whose agents finish at different times store ACTIVE: its False rows are not transitions, so the
-        # statistics leave them out and a sampler that takes ``active`` (Prioritized) never draws a segment of them.
+        # statistics leave them out and the sampler is told (Prioritized never draws a segment of them).
         self._active = self.buffer[keys.ACTIVE] if keys.ACTIVE in spec else None
-        takes = self._active is not None and "active" in inspect.signature(self.sampler.prepare).parameters
-        self._sampler_active = {"active": self._active} if takes else {}
 
     @property
     def full(self) -> bool:
@@ -209,10 +206,9 @@ class Experience:
         self._training = view
 
     def prepare_minibatches(self, advantages: torch.Tensor, fraction: float) -> None:
-        """Start an update pass: the sampler sees the pass's advantages [S, T], the fraction of training done and,
-        where the buffer stores ``ACTIVE`` and its ``prepare`` takes it, ``active`` bool [S, T] (the rows whose agent
-        acted)."""
-        self.sampler.prepare(advantages, fraction, **self._sampler_active)
+        """Start an update pass: the sampler sees the pass's advantages [S, T], the fraction of training done and
+        ``active``: bool [S, T], the rows whose agent acted, where the buffer stores ``ACTIVE`` (else None)."""
+        self.sampler.prepare(advantages, fraction, self._active)
 
     def minibatch(self, i: int, advantages: torch.Tensor) -> Minibatch:
         """The pass's ``i``-th minibatch, as the sampler draws it, with its importance weights and ``advantages``'

@@ -2,8 +2,8 @@
 
 A sampler is chosen by ``_target_`` (``conf/experience/sampler/*.yaml``) and owns its settings. The experience
 buffer builds it with its geometry (``segments``, ``minibatch_segments``, ``device``); the learner calls
-``prepare`` once per update epoch and ``minibatch(i)`` for each of its minibatches. A sampler whose ``prepare`` takes
-``active`` is given, for envs whose agents finish at different times, bool [S, T]: the rows whose agent acted
+``prepare(advantages, progress, active)`` once per update epoch and ``minibatch(i)`` for each of its minibatches.
+``active`` is None, or for envs whose agents finish at different times bool [S, T]: the rows whose agent acted
 (``keys.ACTIVE``; the losses leave the others out). Nothing here reads a device value on the host.
 """
 
