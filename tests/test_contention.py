@@ -119,11 +119,33 @@ def test_a_busy_process_beside_the_run_takes_a_thread_away():
     assert torch.get_num_threads() <= max(1, system.share - 1)
 
 
-def test_fixed_thread_counts_and_determinism_are_never_adapted():
+def test_cpu_time_of_this_process_tree_is_not_counted_as_others_even_after_its_processes_end():
+    """A live child that ran a grandchild to its end (as torch.compile's workers run the C++ compiler): the
+    grandchild's second of CPU is this tree's own work, not another process's."""
+    grandchild = "import time; end = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    child = (
+        f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}]); "
+        "print('done', flush=True); time.sleep(60)"
+    )
+    load = threads.OthersLoad(min_seconds=0.0)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "done\n"
+        others = load.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert others is not None and others < 0.5, others
+
+
+def test_fixed_thread_counts_determinism_and_compiled_runs_are_never_adapted():
     for system in (System(device="cpu", threads=1), System(device="cpu", threads=0)):
         assert system.others is None
     deterministic = System(device="cpu", threads="auto", torch_deterministic=True)
     assert deterministic.others is None  # a thread count can change a sum's order: exact reruns keep theirs
+    # torch.compile guards its code on the thread count: a change would recompile the policy and the update.
+    assert System(device="cpu", threads="auto", compile=True).others is None
+    assert System(device="cpu", threads="auto", compile=False).others is not None
     System(device="cpu", threads=1).apply()
     assert torch.get_num_threads() == 1
 

@@ -217,8 +217,7 @@ def test_the_second_ctrl_c_stops_a_run_that_inherited_sigint_ignored(tmp_path):
     # metrics.jsonl is the last sink, so the first signal lands after epoch 1's stop check, early in epoch 2 (about
     # 2 s long), and the second 0.3 s later in the same epoch: with W&B after it, a signal could land between the
     # row and that check and stop the run after epoch 1, before the second signal came.
-    args = [*TINY, "logger=[console,jsonl]", "env.num_envs=64", "experience.batch_size=131072"]
-    args.append("trainer.total_timesteps=100000000")
+    args = [*TINY, "logger=[console,jsonl]", "env.num_envs=64", "experience.batch_size=131072", *UNTIL_STOPPED]
     metrics_file = run_dir / "metrics.jsonl"
     code, output, _ = interrupt_train(
         [*args, f"hydra.run.dir={run_dir}"],

@@ -101,25 +101,29 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     make it recompile."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # no code compiled by an earlier test in this process: its learners' entries would count
     overrides = ["learner/lr_schedule=linear", "learner.update_epochs=2", "trainer.total_timesteps=3072"]
     overrides += ["system.threads=1", "system.bf16_matmuls=false"]  # float32 products: bf16 rounding would blur 1e-5
     eager, compiled = (make_trainer([*overrides, f"system.compile={flag}"]) for flag in ("false", "true"))
     compiled.learner.policy.load_state_dict(eager.learner.policy.state_dict())
     graphs, widths = [], []
-    for epoch in range(3):
-        eager.rollout.run(eager.progress)
-        source, target = eager.learner.experience, compiled.learner.experience
-        # A real token far out in one observation: each epoch trains on another compacted width (61, 71, 81).
-        source.buffer[keys.OBS][0, 0, 60 + 10 * epoch] = source.buffer[keys.OBS][0, 0, 0]
-        target.buffer.update_(source.buffer)
-        target.row_state.update_(source.row_state)
-        target.last_values.copy_(source.last_values)
-        for trainer in (eager, compiled):
-            torch.manual_seed(epoch)  # the same shuffled minibatch order for both
-            trainer.learner.run(trainer.progress)
-            trainer.agent_step += source.batch_size
-        graphs.append(counters["stats"]["unique_graphs"])
-        widths.append(float(compiled.learner.experience.metrics()["experience/token_width"]))
+    # No recompile at all, from the second minibatch on: a guard on anything the first call changes (a config
+    # node's lookup cache once held the losses) would compile the whole update twice.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for epoch in range(3):
+            eager.rollout.run(eager.progress)
+            source, target = eager.learner.experience, compiled.learner.experience
+            # A real token far out in one observation: each epoch trains on another compacted width (61, 71, 81).
+            source.buffer[keys.OBS][0, 0, 60 + 10 * epoch] = source.buffer[keys.OBS][0, 0, 0]
+            target.buffer.update_(source.buffer)
+            target.row_state.update_(source.row_state)
+            target.last_values.copy_(source.last_values)
+            for trainer in (eager, compiled):
+                torch.manual_seed(epoch)  # the same shuffled minibatch order for both
+                trainer.learner.run(trainer.progress)
+                trainer.agent_step += source.batch_size
+            graphs.append(counters["stats"]["unique_graphs"])
+            widths.append(float(compiled.learner.experience.metrics()["experience/token_width"]))
     for (name, a), b in zip(eager.learner.policy.named_parameters(), compiled.learner.policy.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=f"{name} differs after the compiled updates")
     assert eager.learner.optimizer.param_groups[0]["lr"] == pytest.approx(

@@ -31,7 +31,8 @@ class System:
         threads: torch's intra-op threads. "auto" (the default): the cores this process may run on, divided among
             the jobs that run at once on the machine (a Hydra joblib launcher's ``hydra.launcher.n_jobs``, -1 meaning
             all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
-            device and unless ``torch_deterministic`` (a thread count can change a sum's order), once per epoch
+            device, unless ``torch_deterministic`` (a thread count can change a sum's order) and unless compiled
+            (``torch.compile``'s kernels are specialised to the thread count: a change recompiles them), once per epoch
             (``adapt_threads``) one thread fewer for each core other processes kept busy over the last epoch (at
             least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
             run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). N: exactly N
@@ -87,9 +88,6 @@ class System:
         self.cores = thread_policy.cores()
         jobs = thread_policy.jobs_at_once(launcher_jobs(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.cores)
         self.share = thread_policy.share(self.cores, jobs, os.environ.get("OMP_NUM_THREADS"))
-        self.decided = self.share  # what auto last decided; adapt_threads changes it
-        governed = threads == "auto" and not self.torch_deterministic and self.device.type == "cpu"
-        self.others = thread_policy.OthersLoad() if governed else None
         self.tf32 = bool(tf32)
         self.bf16_matmuls = checks.flag("bf16_matmuls", bf16_matmuls)
         if compile not in (True, False, "auto"):
@@ -97,6 +95,9 @@ class System:
         if compile == "auto":
             compile = total_timesteps >= compile_min_timesteps and compiler_present(self.device)
         self.compile = compile
+        self.decided = self.share  # what auto last decided; adapt_threads changes it
+        governed = threads == "auto" and not self.torch_deterministic and not compile and self.device.type == "cpu"
+        self.others = thread_policy.OthersLoad() if governed else None
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
@@ -150,7 +151,8 @@ class System:
 
     def describe_threads(self) -> str:
         """The thread decision in words, for the start-up log."""
-        how = {"auto": f"auto, {self.share} of {self.cores} cores", 0: "torch's default"}.get(self.threads, "fixed")
+        share = f"{self.share} of {self.cores} cores" + ("" if self.others or self.device.type != "cpu" else ", kept")
+        how = {"auto": f"auto, {share}", 0: "torch's default"}.get(self.threads, "fixed")
         return f"{torch.get_num_threads()} torch threads ({how}); OpenMP wait: {thread_policy.wait_policy()}"
 
 

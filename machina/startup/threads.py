@@ -68,8 +68,9 @@ class OthersLoad:
     """CPU time that other processes took on this process's cores, in cores, between two readings.
 
     ``/proc/stat`` counts each core's time in user, system, irq, softirq and steal (not nice: a process at a lower
-    priority yields to this one); this process's own time (``/proc/self/stat``) and that of its descendants (MettaGrid
-    workers, their forkserver) are taken off. Where ``/proc`` is missing ``read`` returns None.
+    priority yields to this one); this process's own time (``/proc/self/stat``) and that of its descendants
+    (MettaGrid workers, their forkserver, torch.compile's workers and their compilers) are taken off. Where
+    ``/proc`` is missing ``read`` returns None.
     """
 
     def __init__(self, proc: Path = Path("/proc"), cpus: set[int] | None = None, min_seconds: float = 1.0):
@@ -112,10 +113,12 @@ class OthersLoad:
         return total
 
     def _tree_ticks(self, pid: int) -> int:
-        """utime + stime of ``pid`` and its live descendants (a process that ended meanwhile counts as 0)."""
+        """utime + stime of ``pid`` and its live descendants, each with the time of the children it has waited for
+        (cutime + cstime: torch.compile's workers run the C++ compiler as short-lived children). A process that
+        ended meanwhile and was not waited for counts as 0."""
         try:
             fields = (self.proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
-            ticks = int(fields[11]) + int(fields[12])
+            ticks = sum(int(field) for field in fields[11:15])
             children = [
                 int(child)
                 for task in (self.proc / str(pid) / "task").iterdir()
