@@ -98,11 +98,11 @@ def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_pa
     alone). Seeds 1 / 2 return 1.41 / 1.17 there and deposit 0.34 / 0.13 hearts per env (3.81 / 2.34 hearts at epoch
     50); the same run with a learning rate of 0 returns 0.16 and deposits nothing.
 
-    The main job (`python train.py`): its first 50 epochs (3.3M agent steps, all on the curriculum's 7x7 maps, at its
-    constant rate, with its bf16 products). Seeds 1 / 2 reach a training return of 1.27 / 1.23 with 0.17 / 0.17
-    hearts deposited per env (the mean of epochs 41-50; 1.53 / 1.39 and 0.25 / 0.16 at epochs 91-100), and the run's
-    own periodic evaluation at epoch 50 plays the default 11x11 map (32 episodes on held-out layouts) at 0.95 / 0.74:
-    a check that what it learns on the small maps carries over. With a learning rate of 0: 0.39 training return,
+    The main job (`python train.py`): its first 30 epochs (2M agent steps, all on the curriculum's 7x7 maps, at its
+    constant rate, with its bf16 products). Seeds 1 / 2 reach a training return of 1.03 / 1.12 with 0.077 / 0.104
+    hearts deposited per env (the mean of epochs 21-30; 1.27 / 1.23 and 0.17 / 0.17 at epochs 41-50), and the run's
+    own periodic evaluation at epoch 30 plays the default 11x11 map (32 episodes on held-out layouts) at 0.91 / 0.78:
+    a check that what it learns on the small maps carries over. With a learning rate of 0: 0.38 training return,
     nothing deposited, 0.16 on the default map (a random policy: 0.17).
 
     The bars sit below both seeds and well above a run that does not learn."""
@@ -110,8 +110,8 @@ def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_pa
 
     dagger = ["experiment=machina_1_dagger", "system.seed=1", "trainer.total_timesteps=1638400"]
     dagger.append("trainer.eval_interval=25")
-    main_job = ["system.seed=1", "trainer.total_timesteps=3276800", "trainer.eval_interval=50"]
-    main_job.append("learner/lr_schedule=constant")  # as in the main job's first 50: its rate decays in its last fifth
+    main_job = ["system.seed=1", "trainer.total_timesteps=1966080", "trainer.eval_interval=30"]
+    main_job.append("learner/lr_schedule=constant")  # as in the main job's first 30: its rate decays in its last fifth
     with ThreadPoolExecutor(2) as pool:
         dagger_rows, main_rows = pool.map(
             lambda item: guard_run(tmp_path, *item), [("dagger", dagger), ("main", main_job)]
@@ -122,10 +122,10 @@ def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_pa
     assert last["eval/return"] > 0.9 and last["eval/hearts_deposited"] > 0, last
 
     last = main_rows[-10:]
-    assert [r["metric/epoch"] for r in last] == list(range(41, 51))
+    assert [r["metric/epoch"] for r in last] == list(range(21, 31))
     assert {r["curriculum/stage"] for r in last} == {0}
     train_return = sum(r["env/return"] for r in last) / 10
     deposited = sum(r["env/hearts_deposited"] for r in last) / 10
     print(f"training return {train_return:.3f}, deposited {deposited:.3f}, eval {last[-1]['eval/return']:.3f}")
-    assert train_return > 1.0 and deposited > 0.1, (train_return, deposited)
+    assert train_return > 0.8 and deposited > 0.04, (train_return, deposited)
     assert last[-1]["eval/episodes"] == 32 and last[-1]["eval/return"] > 0.5, last[-1]
