@@ -31,11 +31,12 @@ class System:
         threads: torch's intra-op threads. "auto" (the default): the cores this process may run on, divided among
             the jobs that run at once on the machine (a Hydra joblib launcher's ``hydra.launcher.n_jobs``, -1 meaning
             all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
-            device, unless ``torch_deterministic`` (a thread count can change a sum's order) and unless compiled
-            (``torch.compile``'s kernels are specialised to the thread count: a change recompiles them), once per epoch
+            device and unless ``torch_deterministic`` (a thread count can change a sum's order), once per epoch
             (``adapt_threads``) one thread fewer for each core other processes kept busy over the last epoch (at
             least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
-            run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). N: exactly N
+            run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). A compiled run
+            decides once, before its first epoch, from the load during its start-up, and keeps that count
+            (``torch.compile`` specialises its code to the thread count: each change would recompile it). N: exactly N
             threads, never changed; 0: torch's default (all cores), never changed.
             How the OpenMP threads wait is libgomp's default (3 ms spins) unless ``OMP_WAIT_POLICY`` or
             ``GOMP_SPINCOUNT`` is in the environment (``machina.startup.threads``: a shorter spin cost a quiet run
@@ -96,8 +97,9 @@ class System:
             compile = total_timesteps >= compile_min_timesteps and compiler_present(self.device)
         self.compile = compile
         self.decided = self.share  # what auto last decided; adapt_threads changes it
-        governed = threads == "auto" and not self.torch_deterministic and not compile and self.device.type == "cpu"
-        self.others = thread_policy.OthersLoad() if governed else None
+        governed = threads == "auto" and not self.torch_deterministic and self.device.type == "cpu"
+        # Compiled: one decision, before the first epoch compiles anything, over however long the start-up took.
+        self.others = thread_policy.OthersLoad(min_seconds=0.0 if compile else 1.0) if governed else None
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
@@ -146,13 +148,14 @@ class System:
             if decided != self.decided:
                 log.info("torch threads %d -> %d: other processes kept %.1f cores busy", self.decided, decided, busy)
             self.decided = decided
+        if self.compile:  # torch.compile specialises its code to the thread count: each change would recompile it
+            self.others = None
         if torch.get_num_threads() != self.decided:  # a benchmark or the overlapped rollout may have changed it
             torch.set_num_threads(self.decided)
 
     def describe_threads(self) -> str:
         """The thread decision in words, for the start-up log."""
-        share = f"{self.share} of {self.cores} cores" + ("" if self.others or self.device.type != "cpu" else ", kept")
-        how = {"auto": f"auto, {share}", 0: "torch's default"}.get(self.threads, "fixed")
+        how = {"auto": f"auto, {self.share} of {self.cores} cores", 0: "torch's default"}.get(self.threads, "fixed")
         return f"{torch.get_num_threads()} torch threads ({how}); OpenMP wait: {thread_policy.wait_policy()}"
 
 
