@@ -141,22 +141,39 @@ def test_fixed_thread_counts_and_determinism_are_never_adapted():
     assert deterministic.others is None  # a thread count can change a sum's order: exact reruns keep theirs
 
 
-def test_a_compiled_run_decides_its_threads_once_before_anything_compiles(tmp_path, monkeypatch):
-    """torch.compile guards its code on the thread count, so a change would recompile the policy and the update:
-    a compiled run reads the load once, before its first epoch, and keeps what it decided."""
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    system = System(device="cpu", threads="auto", compile=True)
-    pid = os.getpid()
-    fake_proc(tmp_path, pid, dict.fromkeys(range(system.cores), (0,) * 8), own=0, child=0)
-    system.others = threads.OthersLoad(proc=tmp_path, cpus=set(range(system.cores)), min_seconds=0.0)
-    busy = (10**6,) + (0,) * 7
-    fake_proc(tmp_path, pid, dict.fromkeys(range(system.cores), busy), own=0, child=0)
-    system.adapt_threads()  # before the first epoch: every core busy with other work
-    assert torch.get_num_threads() == 1 and system.others is None
-    system.adapt_threads()  # the load went, but the compiled code is for one thread
-    assert torch.get_num_threads() == 1
-    System(device="cpu", threads=1).apply()
-    assert torch.get_num_threads() == 1
+def test_a_compiled_run_moves_between_its_share_halved_so_that_each_count_compiles_once():
+    """torch.compile guards its code on the thread count and compiles it again for each new count: a compiled run's
+    counts are its share, half of it, a quarter, ... (at most log2(share) + 1 compilations)."""
+    assert [threads.compiled_threads(16, decided) for decided in (16, 15, 8, 7, 4, 3, 1, 0)] == [
+        16,
+        8,
+        8,
+        4,
+        4,
+        2,
+        1,
+        1,
+    ]
+    assert [threads.compiled_threads(2, decided) for decided in (2, 1)] == [2, 1]  # 2 cores: what eager runs use
+    assert threads.compiled_threads(6, 5) == 3 and threads.compiled_threads(6, 2) == 1
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_with_5_of_16_cores_busy_an_eager_run_takes_11_threads_and_a_compiled_one_8(tmp_path, compile):
+    system = System(device="cpu", threads="auto", compile=compile)
+    system.cores = system.share = system.decided = 16  # a 16-core machine's decision, whatever this one has
+    pid, cpus = os.getpid(), range(16)
+    fake_proc(tmp_path, pid, dict.fromkeys(cpus, (0,) * 8), own=0, child=0)
+    system.others = load = threads.OthersLoad(proc=tmp_path, cpus=set(cpus), min_seconds=1.0)
+    load.last = (load.last[0] - 2.0, *load.last[1:])  # the first reading, 2 s ago
+    busy = (2 * os.sysconf("SC_CLK_TCK"),) + (0,) * 7  # cores 0-4 busy for those 2 s
+    fake_proc(tmp_path, pid, {n: busy if n < 5 else (0,) * 8 for n in cpus}, own=0, child=0)
+    before = torch.get_num_threads()
+    try:
+        system.adapt_threads()
+        assert system.decided == torch.get_num_threads() == (8 if compile else 11)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_joblib_multirun_of_two_jobs_gives_each_its_half(monkeypatch):

@@ -35,8 +35,8 @@ class System:
             (``adapt_threads``) one thread fewer for each core other processes kept busy over the last epoch (at
             least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
             run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). A compiled run
-            decides once, before its first epoch, from the load during its start-up, and keeps that count
-            (``torch.compile`` specialises its code to the thread count: each change would recompile it). N: exactly N
+            takes the share halved until it fits (``machina.startup.threads.compiled_threads``): ``torch.compile``
+            specialises its code to the thread count and compiles it once for each count it meets. N: exactly N
             threads, never changed; 0: torch's default (all cores), never changed.
             How the OpenMP threads wait is libgomp's default (3 ms spins) unless ``OMP_WAIT_POLICY`` or
             ``GOMP_SPINCOUNT`` is in the environment (``machina.startup.threads``: a shorter spin cost a quiet run
@@ -98,8 +98,7 @@ class System:
         self.compile = compile
         self.decided = self.share  # what auto last decided; adapt_threads changes it
         governed = threads == "auto" and not self.torch_deterministic and self.device.type == "cpu"
-        # Compiled: one decision, before the first epoch compiles anything, over however long the start-up took.
-        self.others = thread_policy.OthersLoad(min_seconds=0.0 if compile else 1.0) if governed else None
+        self.others = thread_policy.OthersLoad() if governed else None
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError(
@@ -145,11 +144,11 @@ class System:
             return
         if (busy := self.others.read()) is not None:  # None: too soon since the last reading; keep the decision
             decided = thread_policy.threads_for(self.cores, self.share, busy)
+            if self.compile:  # a new count compiles the policy and the update again: few counts, each compiled once
+                decided = thread_policy.compiled_threads(self.share, decided)
             if decided != self.decided:
                 log.info("torch threads %d -> %d: other processes kept %.1f cores busy", self.decided, decided, busy)
             self.decided = decided
-        if self.compile:  # torch.compile specialises its code to the thread count: each change would recompile it
-            self.others = None
         if torch.get_num_threads() != self.decided:  # a benchmark or the overlapped rollout may have changed it
             torch.set_num_threads(self.decided)
 

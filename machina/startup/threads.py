@@ -64,6 +64,16 @@ def threads_for(cores: int, share: int, others_busy: float) -> int:
     return max(1, min(share, cores - math.floor(others_busy + 0.5)))
 
 
+def compiled_threads(share: int, decided: int) -> int:
+    """For a compiled run: the largest of ``share``, ``share // 2``, ``share // 4``, ... (at least 1) that is at
+    most ``decided``. torch.compile specialises its code to the thread count and compiles it once per count, so a
+    compiled run moves between at most log2(share) + 1 counts (two on 2 cores), each compiled once."""
+    count = share
+    while count > max(1, decided):
+        count //= 2
+    return max(1, count)
+
+
 class OthersLoad:
     """CPU time that other processes took on this process's cores, in cores, between two readings.
 
