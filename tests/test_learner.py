@@ -136,6 +136,31 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     )
 
 
+def test_the_checkpoints_loss_check_runs_a_compiled_policy_eagerly():
+    """In a compiled run the check behind each checkpoint (``loss_check``, a forward without gradients) would be a
+    graph of its own to compile, half a minute on 2 cores for a check; it runs eagerly. A counting backend stands in
+    for the compiler: nothing reaches it from the check, and the same forward outside the check does."""
+    from torch._dynamo.testing import CompileCounter
+
+    from machina.policy.inputs import training_input
+
+    trainer = make_trainer([])
+    trainer.rollout.run(trainer.progress)
+    trainer.learner.run(trainer.progress)
+    counter = CompileCounter()
+    policy, exp = trainer.learner.policy, trainer.learner.experience
+    policy.compile(backend=counter)
+    try:
+        assert set(trainer.learner.loss_check()) == {f"losses/ppo/loss_{t}" for t in ("policy", "value", "entropy")}
+        assert counter.frame_count == 0
+        batch = exp.first_minibatch(trainer.learner.advantage(exp))
+        with torch.no_grad():
+            policy(training_input(batch.stored, batch.state))
+        assert counter.frame_count > 0
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("policy", ["fast", "vit"])
 def test_training_on_compacted_tokens_changes_nothing_but_the_width(policy):
     """The learner cuts token observations to the last slot that is real in any stored observation; the encoders

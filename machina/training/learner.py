@@ -133,12 +133,14 @@ class Learner:
         """The enabled losses' ``loss_*`` terms with the current weights, on the buffer's first ``minibatch_segments``
         rows (uniform weights) and at the schedule of the last update (``trained_at``): what ``problems`` reads, once
         per checkpoint. Empty before the first update. It changes nothing: no gradient, the run's RNG forked, the
-        policy itself (not its DDP wrapper, which would sync buffers), and one host read."""
+        policy itself (not its DDP wrapper, which would sync buffers), and one host read. Eager in a compiled run:
+        a forward without gradients would be compiled anew (half a minute on 2 cores) for a check that runs once
+        per checkpoint."""
         if self.trained_at is None:
             return {}
         exp = self.experience
         devices = [exp.device] if exp.device.type == "cuda" else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), torch.compiler.set_stance("force_eager"):
             batch = exp.first_minibatch(self.advantage(exp))
             policy_out = self.policy(training_input(batch.stored, batch.state))
             _, _, metrics, _ = self._losses(batch.data, policy_out, self.trained_at)
