@@ -12,7 +12,9 @@
 # warm-up. Each run's JSON line is printed as it ends and kept in $RESULTS (default
 # outputs/compare_torchrl-<time>.jsonl, as "label<TAB>json" lines); the table shows each loop's mean and runs.
 # machina runs from the repo root with .venv/bin/python (override: MACHINA_PYTHON=/path/to/python), the TorchRL
-# loop with .venv-torchrl/bin/python (override: TORCHRL_PYTHON).
+# loop with .venv-torchrl/bin/python (override: TORCHRL_PYTHON). MACHINA_OVERRIDES adds settings to both machina
+# runs; a CPU without bf16 units, emulated on one with them (torch's kernels limited to AVX2, bf16 products off):
+#   ATEN_CPU_CAPABILITY=avx2 MACHINA_OVERRIDES=system.bf16_matmuls=false bash benchmarks/compare_torchrl.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,8 +40,8 @@ start=$SECONDS
 for ((round = 1; round <= rounds; round++)); do
   echo "# round $round of $rounds" >&2
   run torchrl "$torchrl_python" benchmarks/torchrl_ppo.py --iterations 3 --json
-  run machina "$machina_python" -m machina.bench --epochs 3 --json
-  run machina_ff "$machina_python" -m machina.bench --epochs 3 --json policy.core=none
+  run machina "$machina_python" -m machina.bench --epochs 3 --json ${MACHINA_OVERRIDES:-}
+  run machina_ff "$machina_python" -m machina.bench --epochs 3 --json policy.core=none ${MACHINA_OVERRIDES:-}
 done
 echo "# series: $((SECONDS - start)) s, results in $results" >&2
 
