@@ -3,6 +3,8 @@ relay of ``tests/test_pettingzoo_relay.py`` (agents that finish at different tim
 simple_spread_v3: what each slot gets per step, inactive agents, truncations, team statistics, seeds through
 ``reset``, refused spaces and ids, and what the trainer stores."""
 
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -189,6 +191,18 @@ def test_bad_ids_are_refused_in_one_line(env_id, message):
     with pytest.raises(ConfigError, match=message) as refused:
         relay(id=env_id)
     assert "\n" not in str(refused.value)
+
+
+def test_a_constructor_that_never_returns_is_refused_in_one_line(monkeypatch):
+    """Pursuit draws random free cells until each of its 38 agents (8 pursuers, 30 evaders) lands on one: on a 4 x 4
+    grid of 16 cells that never ends. The run is refused, naming the env, instead of hanging at start-up."""
+    from machina.env import time_limit
+
+    monkeypatch.setattr(time_limit, "CONSTRUCTOR_SECONDS", 1.0)
+    with pytest.raises(ConfigError, match=r"^env.id=sisl/pursuit-v5: its constructor did not return within 1 s"):
+        PettingZooEnv("sisl/pursuit-v5", kwargs={"x_size": 4, "y_size": 4}, num_envs=1)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    PettingZooEnv("sisl/pursuit-v5", kwargs={"max_cycles": 10}, num_envs=1).close()  # one that fits: built at once
 
 
 def test_mpe_spread_shares_its_reward_and_truncates_every_agent():

@@ -40,6 +40,7 @@ from machina.env.episode_tally import EpisodeTally, check_counters
 from machina.env.pettingzoo.ids import INSTALL_HINT, constructor, parallel
 from machina.env.pettingzoo.spaces import Layout, layout
 from machina.env.spec import EnvSpec
+from machina.env.time_limit import time_limit
 from machina.errors import ConfigError
 
 STAT_NAMES = ("episodes", "return", "length", "team_return")
@@ -220,7 +221,8 @@ class PettingZooEnv(Env, Resumable, Renderable):
     @staticmethod
     def _made(env_id: str, fn: Any, kwargs: dict[str, Any]) -> Any:
         try:
-            return parallel(env_id, fn(**kwargs))
+            with time_limit(f"env.id={env_id}: its constructor"):
+                return parallel(env_id, fn(**kwargs))
         except ImportError:
             raise ConfigError(INSTALL_HINT) from None
         except TypeError as err:  # the function does not take a keyword of env.kwargs
