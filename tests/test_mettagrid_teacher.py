@@ -28,6 +28,14 @@ TINY += ["experience.batch_size=256", "experience.bptt_horizon=16", "experience.
 TINY += ["wandb=disabled"]
 
 
+def trained_rows(tmp_path, *args):
+    """The metrics.jsonl rows of ``python train.py ARGS`` in a fresh run folder, after checking that it succeeded."""
+    run_dir = tmp_path / "run"
+    result = run_script("train.py", *args, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.output[-3000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def walled_game(tmp_path):
     """One agent top left, a wall between it and the mine, the converter in the far corner (not in its first view).
     Shortest routes: 6 moves to the cell below the mine (south or east first; north and west are walls), 2 uses
@@ -107,11 +115,7 @@ def test_the_evaluation_s_teacher_row_returns_several_times_the_random_row():
     ["supervisor", *(pytest.param(loss, marks=pytest.mark.slow) for loss in ("sliced_scripted_cloner", "eer_cloner"))],
 )
 def test_the_teacher_losses_train_on_the_arena(tmp_path, loss):
-    run_dir = tmp_path / "run"
-    args = [*TINY, f"losses=[ppo,{loss}]", "trainer.total_timesteps=768", f"hydra.run.dir={run_dir}"]
-    result = run_script("train.py", *args)
-    assert result.returncode == 0, result.output[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = trained_rows(tmp_path, *TINY, f"losses=[ppo,{loss}]", "trainer.total_timesteps=768")
     assert len(rows) == 3
     values = [value for key, value in rows[-1].items() if key.startswith(f"losses/{loss}/")]
     assert values and all(torch.isfinite(torch.tensor(values))), rows[-1]
@@ -119,12 +123,22 @@ def test_the_teacher_losses_train_on_the_arena(tmp_path, loss):
 
 @pytest.mark.slow
 def test_cloning_the_arena_teacher_raises_agreement(tmp_path):
-    run_dir = tmp_path / "run"
     args = ["env=mettagrid_arena", "env.num_envs=32", "env.workers=0", "env.overlap=false", "wandb=disabled"]
     args += ["losses=[supervisor]", "losses.supervisor.teacher_led_proportion=1.0", "experience.batch_size=2048"]
     args += ["experience.bptt_horizon=16", "experience.minibatch_size=512", "trainer.total_timesteps=40960"]
-    result = run_script("train.py", *args, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.output[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = trained_rows(tmp_path, *args)
     agreement = [r["losses/supervisor/teacher_agreement"] for r in rows]
     assert sum(agreement[-3:]) / 3 > agreement[0] + 0.2, agreement  # measured: 0.26 -> 0.55
+
+
+@pytest.mark.slow
+def test_the_arena_dagger_preset_plays_near_the_teacher_after_three_epochs(tmp_path):
+    """experiment=mettagrid_arena_dagger's first 3 epochs (197k agent steps, the teacher leading half of them): the
+    student's own periodic evaluation (eval/return, 32 held-out episodes, per agent) passes 1.5. Measured on the
+    2-core CPU: seeds 1 / 2 2.75 / 3.05; at the same steps PPO alone (the preset's settings without the supervisor
+    loss) 0.64 / 0.56 and the preset with optimizer.lr=0 0.50 (seed 1); the teacher returns 3.52 and random 0.48.
+    The training return is no guard: it counts the teacher-led steps (3.91 with optimizer.lr=0)."""
+    args = ["experiment=mettagrid_arena_dagger", "trainer.total_timesteps=196608", "system.seed=1", "wandb=disabled"]
+    rows = trained_rows(tmp_path, *args)
+    assert rows[-1]["metric/agent_step"] == 196608
+    assert rows[-1]["eval/return"] > 1.5, [row.get("eval/return") for row in rows]
