@@ -79,6 +79,9 @@ def test_others_load_is_the_cores_busy_time_less_this_process_tree(tmp_path):
     )
     assert load.read(now=load.last[0] + 2.0) == pytest.approx(0.5, abs=0.02)
     assert load.read(now=load.last[0] + 0.5) is None  # too soon: the reading is kept for later
+    kept = load.last
+    (tmp_path / "stat").unlink()  # a call between two readings reads the clock only, never /proc
+    assert load.read(now=load.last[0] + 0.5) is None and load.last == kept
 
 
 def test_system_follows_the_others_load_down_and_back_up(tmp_path, monkeypatch):

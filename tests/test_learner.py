@@ -136,6 +136,22 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
     )
 
 
+def test_the_thread_governor_is_asked_before_every_minibatch():
+    """A process that starts beside a run during its update costs it a second, not the rest of the epoch: the built
+    learner calls ``System.adapt_threads`` before each minibatch of each pass (which reads /proc at most once a
+    second)."""
+    trainer = make_trainer(["learner.update_epochs=2"])
+    learner = trainer.learner
+    system = trainer.between_epochs.__self__  # the run's System, asked before each epoch as well
+    assert type(system).__name__ == "System" and learner.between_minibatches == system.adapt_threads
+    calls = []
+    learner.between_minibatches = lambda: calls.append(learner.minibatches)
+    trainer.rollout.run(trainer.progress)
+    learner.run(trainer.progress)
+    per_pass = learner.experience.num_minibatches
+    assert per_pass > 1 and calls == list(range(2 * per_pass))  # before each one, none skipped or repeated
+
+
 def test_the_checkpoints_loss_check_runs_a_compiled_policy_eagerly():
     """In a compiled run the check behind each checkpoint (``loss_check``, a forward without gradients) would be a
     graph of its own to compile, half a minute on 2 cores for a check; it runs eagerly. A counting backend stands in

@@ -31,13 +31,14 @@ class System:
         threads: torch's intra-op threads. "auto" (the default): the cores this process may run on, divided among
             the jobs that run at once on the machine (a Hydra joblib launcher's ``hydra.launcher.n_jobs``, -1 meaning
             all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
-            device and unless ``torch_deterministic`` (a thread count can change a sum's order), once per epoch
-            (``adapt_threads``) one thread fewer for each core other processes kept busy over the last epoch (at
-            least 1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core
-            run costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). A compiled run
-            takes the share halved until it fits (``machina.startup.threads.compiled_threads``): ``torch.compile``
-            specialises its code to the thread count and compiles it once for each count it meets. N: exactly N
-            threads, never changed; 0: torch's default (all cores), never changed.
+            device and unless ``torch_deterministic`` (a thread count can change a sum's order), before each epoch
+            and each minibatch of the update, at most once a second (``adapt_threads``), one thread fewer for each
+            core other processes kept busy since the last reading (at least 1), and back up when they stop: a quiet
+            run keeps every core, and one busy process beside a 2-core run costs it one thread instead of most of
+            its speed (docs/how-to/shared_machines.md). A compiled run takes the share halved until it fits
+            (``machina.startup.threads.compiled_threads``): ``torch.compile`` specialises its code to the thread
+            count and compiles it once for each count it meets. N: exactly N threads, never changed; 0: torch's
+            default (all cores), never changed.
             How the OpenMP threads wait is libgomp's default (3 ms spins) unless ``OMP_WAIT_POLICY`` or
             ``GOMP_SPINCOUNT`` is in the environment (``machina.startup.threads``: a shorter spin cost a quiet run
             about 4%).
@@ -138,8 +139,9 @@ class System:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "machina" / "inductor"))
 
     def adapt_threads(self) -> None:
-        """Between epochs, under ``threads: auto`` on a CPU: torch's threads set to this job's share less the cores
-        other processes kept busy since the last call (``machina.startup.threads.threads_for``)."""
+        """Before each epoch and each minibatch, under ``threads: auto`` on a CPU (a reading at most once a second):
+        torch's threads set to this job's share less the cores other processes kept busy since the last reading
+        (``machina.startup.threads.threads_for``)."""
         if self.others is None:
             return
         if (busy := self.others.read()) is not None:  # None: too soon since the last reading; keep the decision

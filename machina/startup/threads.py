@@ -13,8 +13,9 @@ start-up log).
 
 The thread count (``system.threads: auto``). The cores this process may run on (``os.sched_getaffinity``) are divided
 among the jobs that run at once on the machine (``jobs_at_once``: a Hydra joblib launcher's ``n_jobs``, torchrun's
-local ranks); ``OMP_NUM_THREADS``, where set, is the most it takes. Then, once per epoch, ``OthersLoad`` reads how
-much CPU time other processes took on those cores since the last reading (``/proc/stat`` less this process and its
+local ranks); ``OMP_NUM_THREADS``, where set, is the most it takes. Then, before each epoch and each minibatch (at
+most once a second), ``OthersLoad`` reads how much CPU time other processes took on those cores since the last
+reading (``/proc/stat`` less this process and its
 children), and ``threads_for`` keeps torch off the cores they were busy on.
 """
 
@@ -92,14 +93,16 @@ class OthersLoad:
 
     def read(self, now: float | None = None) -> float | None:
         """The other processes' busy cores since the last reading; None when less than ``min_seconds`` passed (the
-        reading is kept for later) or ``/proc`` cannot be read."""
+        reading is kept for later; only the clock is read, so a call per minibatch costs nothing) or ``/proc``
+        cannot be read."""
+        now = time.monotonic() if now is None else now
+        if self.last is not None and now - self.last[0] < self.min_seconds:
+            return None
         sample = self._sample(now)
         if sample is None or self.last is None:
             self.last = sample
             return None
         wall = sample[0] - self.last[0]
-        if wall < self.min_seconds:
-            return None
         busy, own = (sample[i] - self.last[i] for i in (1, 2))
         self.last = sample
         return max(0.0, (busy - own) / self.tick / wall)

@@ -47,6 +47,9 @@ class Learner:
         average_horizon: agent steps: the time constant of an exponential average of the policy's weights over
             epochs (``machina.training.weight_average``), which is then the policy the run produces
             (``produced_policy``); 0: no average, the run produces the policy's own weights.
+        between_minibatches: called before each minibatch (``System.adapt_threads``: torch's threads for the
+            machine's load, so that a process that starts beside the run mid-epoch costs it a second, not the
+            rest of the epoch); None calls nothing.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Learner:
         max_grad_norm: float = 0.5,
         target_kl: float | None = None,
         average_horizon: int = 0,
+        between_minibatches: Callable[[], None] | None = None,
     ):
         checks.integer("learner.update_epochs", update_epochs, 1)
         checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
@@ -78,6 +82,7 @@ class Learner:
         self.model = distributed.wrap(policy)  # the policy itself in a single process
         self.stopwatch, self.lr_schedule, self.advantage = stopwatch, lr_schedule, advantage
         self.execution = execution or Execution()
+        self.between_minibatches = between_minibatches
         self.update_epochs, self.max_grad_norm, self.target_kl = update_epochs, max_grad_norm, target_kl
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
@@ -210,6 +215,8 @@ class Learner:
                 exp.prepare_minibatches(advantages, progress.fraction)
             kl_sum = torch.zeros((), device=exp.device)
             for mb_index in range(exp.num_minibatches):
+                if self.between_minibatches is not None:
+                    self.between_minibatches()
                 with sw.time("train.sample"):
                     batch = exp.minibatch(mb_index, advantages)
                 if self.whole_update is not None:
