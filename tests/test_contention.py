@@ -103,6 +103,27 @@ def test_system_follows_the_others_load_down_and_back_up(tmp_path, monkeypatch):
     assert torch.get_num_threads() == system.share
 
 
+def test_between_epochs_a_count_set_by_a_benchmark_stays_while_the_load_does(tmp_path, monkeypatch):
+    """``python -m machina.bench overhead`` measures a learner pass at one thread: the governor asked before each
+    minibatch sets torch's threads only when its decision changes, not back to its share every time; the next
+    epoch's call does set them back."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    system = System(device="cpu", threads="auto")
+    system.apply_flags()
+    pid, quiet = os.getpid(), (0,) * 8
+    fake_proc(tmp_path, pid, dict.fromkeys(range(system.cores), quiet), own=0, child=0)
+    system.others = threads.OthersLoad(proc=tmp_path, cpus=set(range(system.cores)), min_seconds=0.0)
+    torch.set_num_threads(1)
+    try:
+        time.sleep(0.01)
+        system.follow_load()  # a reading, the same decision (the machine is still quiet): the benchmark's count stays
+        assert torch.get_num_threads() == 1 and system.decided == system.share
+        system.adapt_threads()
+        assert torch.get_num_threads() == system.share
+    finally:
+        torch.set_num_threads(system.share)
+
+
 @pytest.mark.slow  # a real busy process for a second or more
 def test_a_busy_process_beside_the_run_takes_a_thread_away():
     """A real busy loop, not a child of this process (a shell starts it and exits), pinned to one of our cores."""

@@ -138,12 +138,12 @@ def test_the_compiled_update_trains_the_same_parameters_as_the_eager_one():
 
 def test_the_thread_governor_is_asked_before_every_minibatch():
     """A process that starts beside a run during its update costs it a second, not the rest of the epoch: the built
-    learner calls ``System.adapt_threads`` before each minibatch of each pass (which reads /proc at most once a
+    learner calls ``System.follow_load`` before each minibatch of each pass (which reads /proc at most once a
     second)."""
     trainer = make_trainer(["learner.update_epochs=2"])
     learner = trainer.learner
     system = trainer.between_epochs.__self__  # the run's System, asked before each epoch as well
-    assert type(system).__name__ == "System" and learner.between_minibatches == system.adapt_threads
+    assert type(system).__name__ == "System" and learner.between_minibatches == system.follow_load
     calls = []
     learner.between_minibatches = lambda: calls.append(learner.minibatches)
     trainer.rollout.run(trainer.progress)

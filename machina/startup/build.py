@@ -181,7 +181,7 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
         optimizer=optimizer,
         stopwatch=stopwatch,
         execution=execution,
-        between_minibatches=system.adapt_threads,
+        between_minibatches=system.follow_load,
     )
     return Parts(system, device, make_env, env, policy, losses, experience, optimizer, rollout, learner)
 

@@ -32,7 +32,8 @@ class System:
             the jobs that run at once on the machine (a Hydra joblib launcher's ``hydra.launcher.n_jobs``, -1 meaning
             all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
             device and unless ``torch_deterministic`` (a thread count can change a sum's order), before each epoch
-            and each minibatch of the update, at most once a second (``adapt_threads``), one thread fewer for each
+            (``adapt_threads``) and each minibatch of the update (``follow_load``), reading the load at most once
+            a second, one thread fewer for each
             core other processes kept busy since the last reading (at least 1), and back up when they stop: a quiet
             run keeps every core, and one busy process beside a 2-core run costs it one thread instead of most of
             its speed (docs/how-to/shared_machines.md). A compiled run takes the share halved until it fits
@@ -139,20 +140,35 @@ class System:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "machina" / "inductor"))
 
     def adapt_threads(self) -> None:
-        """Before each epoch and each minibatch, under ``threads: auto`` on a CPU (a reading at most once a second):
-        torch's threads set to this job's share less the cores other processes kept busy since the last reading
-        (``machina.startup.threads.threads_for``)."""
+        """Before each epoch, under ``threads: auto`` on a CPU: torch's threads set to this job's share less the
+        cores other processes kept busy since the last reading (``machina.startup.threads.threads_for``; a reading
+        at most once a second), and set back to that where a benchmark or the overlapped rollout changed them."""
         if self.others is None:
             return
-        if (busy := self.others.read()) is not None:  # None: too soon since the last reading; keep the decision
-            decided = thread_policy.threads_for(self.cores, self.share, busy)
-            if self.compile:  # a new count compiles the policy and the update again: few counts, each compiled once
-                decided = thread_policy.compiled_threads(self.share, decided)
-            if decided != self.decided:
-                log.info("torch threads %d -> %d: other processes kept %.1f cores busy", self.decided, decided, busy)
-            self.decided = decided
-        if torch.get_num_threads() != self.decided:  # a benchmark or the overlapped rollout may have changed it
+        self._decide()
+        if torch.get_num_threads() != self.decided:
             torch.set_num_threads(self.decided)
+
+    def follow_load(self) -> None:
+        """Before each minibatch of the update: ``adapt_threads``' reading, but torch's threads are set only when
+        it changes the decision, so a count that a benchmark set for its own measurement stays while the load
+        does."""
+        if self.others is not None and self._decide():
+            torch.set_num_threads(self.decided)
+
+    def _decide(self) -> bool:
+        """Read the other processes' load (too soon since the last reading: no reading) and decide the count; True
+        when the decision changed."""
+        if (busy := self.others.read()) is None:
+            return False
+        decided = thread_policy.threads_for(self.cores, self.share, busy)
+        if self.compile:  # a new count compiles the policy and the update again: few counts, each compiled once
+            decided = thread_policy.compiled_threads(self.share, decided)
+        changed = decided != self.decided
+        if changed:
+            log.info("torch threads %d -> %d: other processes kept %.1f cores busy", self.decided, decided, busy)
+        self.decided = decided
+        return changed
 
     def describe_threads(self) -> str:
         """The thread decision in words, for the start-up log."""

@@ -47,7 +47,7 @@ class Learner:
         average_horizon: agent steps: the time constant of an exponential average of the policy's weights over
             epochs (``machina.training.weight_average``), which is then the policy the run produces
             (``produced_policy``); 0: no average, the run produces the policy's own weights.
-        between_minibatches: called before each minibatch (``System.adapt_threads``: torch's threads for the
+        between_minibatches: called before each minibatch (``System.follow_load``: torch's threads for the
             machine's load, so that a process that starts beside the run mid-epoch costs it a second, not the
             rest of the epoch); None calls nothing.
     """
