@@ -93,10 +93,10 @@ def guard_run(tmp_path, name: str, args: list[str]) -> list[dict]:
 def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_path):
     """Guards the cheapest results of issues 21 and 32 on seed 1, the two runs side by side with one thread each.
 
-    The DAgger preset (experiment=machina_1_dagger): its first 25 epochs (1.6M agent steps, the teacher-led share
-    still 0.43) and its own periodic evaluation at epoch 25 (32 full episodes on held-out layouts, the policy acting
-    alone). Seeds 1 / 2 return 1.41 / 1.17 there and deposit 0.34 / 0.13 hearts per env (3.81 / 2.34 hearts at epoch
-    50); the same run with a learning rate of 0 returns 0.16 and deposits nothing.
+    The DAgger preset (experiment=machina_1_dagger): its first 15 epochs (983k agent steps, the teacher-led share
+    still 0.46) and its own periodic evaluation at epoch 15 (32 full episodes on held-out layouts, the policy acting
+    alone). Seeds 1 / 2 return 1.08 / 1.16 there and deposit 0.125 / 0.156 hearts per env (1.41 / 1.17 and 0.34 /
+    0.13 at epoch 25); the same run with a learning rate of 0 returns 0.16 and deposits nothing.
 
     The main job (`python train.py`): its first 30 epochs (2M agent steps, all on the curriculum's 7x7 maps, at its
     constant rate, with its bf16 products). Seeds 1 / 2 reach a training return of 1.03 / 1.12 with 0.077 / 0.104
@@ -108,8 +108,8 @@ def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_pa
     The bars sit below both seeds and well above a run that does not learn."""
     from concurrent.futures import ThreadPoolExecutor
 
-    dagger = ["experiment=machina_1_dagger", "system.seed=1", "trainer.total_timesteps=1638400"]
-    dagger.append("trainer.eval_interval=25")
+    dagger = ["experiment=machina_1_dagger", "system.seed=1", "trainer.total_timesteps=983040"]
+    dagger.append("trainer.eval_interval=15")
     main_job = ["system.seed=1", "trainer.total_timesteps=1966080", "trainer.eval_interval=30"]
     main_job.append("learner/lr_schedule=constant")  # as in the main job's first 30: its rate decays in its last fifth
     with ThreadPoolExecutor(2) as pool:
@@ -118,8 +118,8 @@ def test_the_dagger_preset_and_the_main_job_make_and_deposit_hearts_early(tmp_pa
         )
 
     last = dagger_rows[-1]
-    assert last["metric/epoch"] == 25 and last["eval/episodes"] == 32
-    assert last["eval/return"] > 0.9 and last["eval/hearts_deposited"] > 0, last
+    assert last["metric/epoch"] == 15 and last["eval/episodes"] == 32
+    assert last["eval/return"] > 0.8 and last["eval/hearts_deposited"] > 0, last
 
     last = main_rows[-10:]
     assert [r["metric/epoch"] for r in last] == list(range(21, 31))
