@@ -14,6 +14,7 @@ from tests.commands import run_script
 from tests.test_eval import run_eval
 from tests.test_learner import make_trainer
 from tests.test_policy import make_policy, random_obs, random_state, sequence_td
+from tests.test_rollout import TINY
 
 ENCODER_WEIGHTS = ("bag.weight", "row_rows", "column_rows", "direction_rows", "distance_rows")
 
@@ -123,15 +124,10 @@ def test_the_last_periodic_evaluation_scores_what_eval_py_scores_on_the_same_epi
     eval.py of the run folder, on the same layouts and action draws (its seed = system.seed + evaluation.seed_offset),
     must return the same numbers. A table kept from the training weights, or from an earlier evaluation, would not."""
     run = tmp_path / "run"
-    train = ["debug=tiny", "trainer.eval_interval=1", "evaluation.episodes=64", "learner.average_horizon=2048"]
-    result = run_script(
-        "train.py",
-        *train,
-        "optimizer.lr=0.01",
-        "trainer.total_timesteps=6144",
-        f"system.compile={compile}",
-        f"hydra.run.dir={run}",
-    )
+    train = ["trainer.eval_interval=1", "evaluation.episodes=64", "learner.average_horizon=2048"]
+    # The sizes and thread count of the rollout test above: compiled, its graphs come from the compile cache.
+    train += [*TINY, "optimizer.lr=0.01", "system.threads=1", "trainer.total_timesteps=6144"]
+    result = run_script("train.py", *train, f"system.compile={compile}", f"hydra.run.dir={run}")
     assert result.returncode == 0, result.output[-3000:]
     periodic = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     out = tmp_path / "eval"
