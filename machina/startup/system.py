@@ -54,7 +54,7 @@ class System:
         compile: ``torch.compile`` the policy in place and the learner's whole minibatch update: true, false, or
             "auto": on for runs of at least ``compile_min_timesteps`` agent steps (``total_timesteps``) where a
             compiler for the device is present (a C++ compiler on a CPU, Triton on a GPU). The first epoch pays the
-            compilation (about 2.5 minutes cold on a 2-core CPU, well under a minute from the cache, which is kept
+            compilation (about a minute cold on a 2-core CPU, about 10 s from the cache, which is kept
             in ``~/.cache/machina/inductor`` across runs unless ``TORCHINDUCTOR_CACHE_DIR`` is set); then training
             runs about 1.12x faster there (docs/reference/benchmarks.md).
         compile_min_timesteps: the run length from which "auto" compiles.
