@@ -310,6 +310,7 @@ def test_only_the_builder_turns_config_into_code():
     calls = re.compile(r"\b(instantiate|get_class|get_object|locate|import_module)\(|OmegaConf\.load\(|resolve=True")
     allowed = {
         "machina/startup/build.py",  # the composed config: the one place that instantiates it
+        "machina/startup/refusals.py",  # the composed config's integer sizes, named when the parts do not fit
         "machina/startup/resolvers.py",  # ${consumes:...} during composition: the composed losses' classes
         "machina/startup/validation.py",  # start-up type checks of the composed config's constructors
         "machina/run.py",  # the composed config resolved once, for the checks and the record
