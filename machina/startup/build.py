@@ -117,6 +117,10 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
         stopwatch=stopwatch,
         execution=execution,
         between_minibatches=system.follow_load,
+        # The losses as the plain dict passed here: by default Hydra hands a dict argument over as a DictConfig,
+        # whose reads in the minibatch loop cost omegaconf lookups and, compiled, put a guard on its lookup cache
+        # (the update compiled again at the second minibatch).
+        _convert_="all",
     )
     return Parts(system, device, make_env, env, policy, losses, experience, optimizer, rollout, learner)
 

@@ -33,13 +33,12 @@ class System:
             all cores, times torchrun's local ranks), at most ``OMP_NUM_THREADS`` where that is set; then, on a CPU
             device and unless ``torch_deterministic`` (a thread count can change a sum's order), before each epoch
             (``adapt_threads``) and each minibatch of the update (``follow_load``), reading the load at most once
-            a second, one thread fewer for each
-            core other processes kept busy since the last reading (at least 1), and back up when they stop: a quiet
-            run keeps every core, and one busy process beside a 2-core run costs it one thread instead of most of
-            its speed (docs/how-to/shared_machines.md). A compiled run takes the share halved until it fits
-            (``machina.startup.threads.compiled_threads``): ``torch.compile`` specialises its code to the thread
-            count and compiles it once for each count it meets. N: exactly N threads, never changed; 0: torch's
-            default (all cores), never changed.
+            a second, one thread fewer for each core other processes kept busy since the last reading (at least
+            1), and back up when they stop: a quiet run keeps every core, and one busy process beside a 2-core run
+            costs it one thread instead of most of its speed (docs/how-to/shared_machines.md). A compiled run takes
+            the share halved until it fits (``machina.startup.threads.compiled_threads``): ``torch.compile``
+            specialises its code to the thread count and compiles it once for each count it meets. N: exactly N
+            threads, never changed; 0: torch's default (all cores), never changed.
             How the OpenMP threads wait is libgomp's default (3 ms spins) unless ``OMP_WAIT_POLICY`` or
             ``GOMP_SPINCOUNT`` is in the environment (``machina.startup.threads``: a shorter spin cost a quiet run
             about 4%).

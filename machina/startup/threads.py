@@ -15,8 +15,8 @@ The thread count (``system.threads: auto``). The cores this process may run on (
 among the jobs that run at once on the machine (``jobs_at_once``: a Hydra joblib launcher's ``n_jobs``, torchrun's
 local ranks); ``OMP_NUM_THREADS``, where set, is the most it takes. Then, before each epoch and each minibatch (at
 most once a second), ``OthersLoad`` reads how much CPU time other processes took on those cores since the last
-reading (``/proc/stat`` less this process and its
-children), and ``threads_for`` keeps torch off the cores they were busy on.
+reading (``/proc/stat`` less this process and its descendants), and ``threads_for`` keeps torch off the cores they
+were busy on.
 """
 
 import math
@@ -72,7 +72,7 @@ def compiled_threads(share: int, decided: int) -> int:
     count = share
     while count > max(1, decided):
         count //= 2
-    return max(1, count)
+    return count
 
 
 class OthersLoad:

@@ -75,9 +75,6 @@ class Learner:
         checks.integer("learner.average_horizon", average_horizon, 0)
         if not losses:
             raise ConfigError("losses=[] enables no loss, so nothing would be learned; choose one, e.g. losses=[ppo]")
-        # A plain dict: Hydra's instantiate hands a dict argument over as a DictConfig, whose every read in the
-        # minibatch loop costs omegaconf's lookups and, compiled, guards on its caches (a recompile in epoch 2).
-        losses = dict(losses.items())
         self.policy, self.losses, self.experience, self.optimizer = policy, losses, experience, optimizer
         self.model = distributed.wrap(policy)  # the policy itself in a single process
         self.stopwatch, self.lr_schedule, self.advantage = stopwatch, lr_schedule, advantage
