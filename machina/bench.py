@@ -5,6 +5,7 @@
     python -m machina.bench mettagrid [--workers 0 1 2] [--overlap] [--envs N] [--json]     MettaGrid env alone
     python -m machina.bench policy [--policies fast vit] [--json]                           policy alone
     python -m machina.bench overhead [--json] [HYDRA_OVERRIDE ...]                          launch overhead
+    python -m machina.bench profile [--rows N] [--json] [HYDRA_OVERRIDE ...]                the update's ops
 
 ``python -m machina.bench <mode> --help`` explains each. Every mode first prints, on stderr, one line naming the
 machine's case (CPU, its bf16/AMX/AVX512/AVX2 units, torch's kernels, threads, load average; ``machina.speed.machine``)
@@ -13,9 +14,15 @@ and a warning when the load average says another process is busy.
 
 import sys
 
-from machina.speed import env, mettagrid, overhead, policy, training
+from machina.speed import env, mettagrid, overhead, policy, profile, training
 
-MODES = {"env": env.main, "mettagrid": mettagrid.main, "policy": policy.main, "overhead": overhead.main}
+MODES = {
+    "env": env.main,
+    "mettagrid": mettagrid.main,
+    "policy": policy.main,
+    "overhead": overhead.main,
+    "profile": profile.main,
+}
 
 
 def main(argv: list[str] | None = None):

@@ -45,6 +45,8 @@ HIDDEN = "lstm_h"  # float32 [N, H]: recurrent state (h) at the start of the ste
 CELL = "lstm_c"  # float32 [N, H]: recurrent state (c)
 NEXT_HIDDEN = "next_lstm_h"  # float32 [N, H]: recurrent state after the step / segment
 NEXT_CELL = "next_lstm_c"  # float32 [N, H]
+QRNN_CELL = "qrnn_c"  # float32 [N, H]: the quasi-recurrent core's state at the start of the step / segment
+NEXT_QRNN_CELL = "next_qrnn_c"  # float32 [N, H]: its state after the step / segment
 
 # Training-time keys.
 ADVANTAGES = "advantages"  # float32 [B, T]
@@ -63,4 +65,4 @@ TEACHER_LED = "teacher_led"
 RATIO = "ratio"  # float32 [B, T]: pi / pi_old; V-trace reads it, refreshed from the current policy at each pass
 
 # Where the policy writes the state that follows each state key.
-NEXT_STATE = {HIDDEN: NEXT_HIDDEN, CELL: NEXT_CELL}
+NEXT_STATE = {HIDDEN: NEXT_HIDDEN, CELL: NEXT_CELL, QRNN_CELL: NEXT_QRNN_CELL}

@@ -218,5 +218,5 @@ def test_the_compiled_rollout_step_acts_as_the_eager_one():
             outputs.append(act(inputs.clone()))
     eager, fast = outputs
     assert torch.equal(fast[keys.ACTIONS], eager[keys.ACTIONS])
-    for key in (keys.VALUES, keys.ACT_LOG_PROB, keys.NEXT_STATE[keys.HIDDEN]):
+    for key in (keys.VALUES, keys.ACT_LOG_PROB, *(keys.NEXT_STATE[k] for k in policy.state_keys)):
         torch.testing.assert_close(fast[key], eager[key], rtol=1e-5, atol=1e-5, msg=key)

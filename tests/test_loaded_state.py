@@ -175,13 +175,13 @@ def test_a_crafted_tensor_in_the_folders_checkpoint_stops_the_rerun_and_changes_
     folder = tmp_path / "run"
     shutil.copytree(trained, folder)
     data = torch.load(folder / "checkpoints" / "checkpoint_000002.pt", weights_only=True)
-    data["ranks"][0]["rollout"]["state"]["tensors"]["lstm_h"] = torch.zeros(1).expand(10**12)
+    data["ranks"][0]["rollout"]["state"]["tensors"]["qrnn_c"] = torch.zeros(1).expand(10**12)
     crafted = folder / "checkpoints" / "checkpoint_000003.pt"
     torch.save(data, crafted)
     before = fingerprint(folder)
     code, message = run_reporting(folder, *losses, epochs=4)
     assert code == 2 and "\n" not in message and str(crafted) in message, message
-    assert "lstm_h claims 1000000000000 elements" in message, message
+    assert "qrnn_c claims 1000000000000 elements" in message, message
     assert fingerprint(folder) == before
 
 
@@ -276,8 +276,8 @@ INCONSISTENT = {
     ),
     "a reset capacity of 0": (setter(*ENV, "reset_capacity", value=torch.tensor(0)), "reset_capacity is 0"),
     "NaN recurrent state": (
-        setter(*RANK, "rollout", "state", "tensors", "lstm_h", value=filled((0, 0), float("nan"))),
-        "ranks[0].rollout.state.tensors.lstm_h[0, 0] is nan, expected finite",
+        setter(*RANK, "rollout", "state", "tensors", "qrnn_c", value=filled((0, 0), float("nan"))),
+        "ranks[0].rollout.state.tensors.qrnn_c[0, 0] is nan, expected finite",
     ),
     "an episode start of 0.5": (
         setter(*RANK, "rollout", "step", "tensors", "episode_start", value=filled(0, 0.5)),
@@ -296,10 +296,10 @@ INCONSISTENT = {
             "_state",
             "tensordict",
             "tensors",
-            "lstm_c",
+            "qrnn_c",
             value=torch.zeros(32, 5),
         ),
-        "ranks[0].losses.eer_kickstarter._extra_state._state.tensordict.tensors.lstm_c is missing or has the wrong",
+        "ranks[0].losses.eer_kickstarter._extra_state._state.tensordict.tensors.qrnn_c is missing or has the wrong",
     ),
     "infinite weights": (
         setter("policy", "state_dict", value=lambda w: {k: v * float("inf") for k, v in w.items()}),

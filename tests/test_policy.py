@@ -26,6 +26,7 @@ from machina.keys import (
     NEXT_HIDDEN,
     NEXT_STATE,
     OBS,
+    QRNN_CELL,
     VALUES,
 )
 from machina.policy.action_probs import ActionProbs
@@ -187,7 +188,9 @@ def test_a_policy_file_written_before_axis_or_direction_embeddings_loads_and_act
 @pytest.mark.parametrize("name", POLICIES)
 def test_state_and_experience_spec(name):
     policy = make_policy(name)
-    assert policy.state_keys == ((HIDDEN, CELL) if name in RECURRENT else ())  # conf's cores are LSTMs
+    core = OmegaConf.load(CONF / f"{name}.yaml").core
+    lstm = core is not None and core._target_.endswith("LSTMCore")
+    assert policy.state_keys == ((HIDDEN, CELL) if lstm else (QRNN_CELL,) if name in RECURRENT else ())
     state = policy.initial_state(5, "cpu")
     assert state.batch_size == torch.Size([5])
     for key in policy.state_keys:

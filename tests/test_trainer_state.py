@@ -68,7 +68,7 @@ def test_the_parts_restore_in_any_order_to_the_same_state():
         with restored.learner.produced_policy() as policy:
             assert_same(parameters(policy), produced, "produced")
         assert_same(parameters(restored.learner.policy), parameters(trained.learner.policy), "training")
-    assert not torch.equal(produced["core.cell.weight_hh"], saved["policy"]["core.cell.weight_hh"])
+    assert not torch.equal(produced["core.gates.weight"], saved["policy"]["core.gates.weight"])
 
 
 class Recorder:
@@ -97,7 +97,7 @@ def test_evaluation_replays_policy_files_and_the_checkpoint_see_the_produced_pol
     with trainer.learner.produced_policy() as policy:
         produced = parameters(policy)
     training = parameters(trainer.learner.policy)
-    assert not torch.equal(produced["core.cell.weight_hh"], training["core.cell.weight_hh"])  # they can be told apart
+    assert not torch.equal(produced["core.gates.weight"], training["core.gates.weight"])  # they can be told apart
     assert_same(recorder.seen["evaluation"], produced, "evaluation")
     assert_same(recorder.seen["replay"], produced, "replay")
     for name in ("policy_000002.pt", "checkpoint_000002.pt"):

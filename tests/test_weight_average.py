@@ -79,7 +79,7 @@ def averaged_run(tmp_path_factory):
 
 def test_policy_files_and_checkpoints_hold_the_average_of_the_training_weights(averaged_run):
     thetas = [training_weights(averaged_run, epoch) for epoch in (1, 2, 3)]
-    assert not torch.equal(thetas[1]["core.cell.weight_hh"], thetas[2]["core.cell.weight_hh"])  # it trained
+    assert not torch.equal(thetas[1]["core.gates.weight"], thetas[2]["core.gates.weight"])  # it trained
     for epoch in (1, 2, 3):
         policy_file, _ = load_policy(averaged_run / "checkpoints" / f"policy_{epoch:06d}.pt")
         checkpoint_policy, _ = load_policy(averaged_run / "checkpoints" / f"checkpoint_{epoch:06d}.pt")
@@ -88,7 +88,7 @@ def test_policy_files_and_checkpoints_hold_the_average_of_the_training_weights(a
             torch.testing.assert_close(dict(policy_file.named_parameters())[name].double(), value)
             assert torch.equal(dict(checkpoint_policy.named_parameters())[name], policy_file.get_parameter(name))
     with pytest.raises(AssertionError):  # the average differs from the last weights: the test can tell them apart
-        torch.testing.assert_close(policy_file.get_parameter("core.cell.weight_hh"), thetas[2]["core.cell.weight_hh"])
+        torch.testing.assert_close(policy_file.get_parameter("core.gates.weight"), thetas[2]["core.gates.weight"])
 
 
 def test_resume_continues_the_average_and_the_training_weights_exactly(averaged_run, tmp_path):

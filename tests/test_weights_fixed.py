@@ -31,7 +31,7 @@ def shaken_policy() -> torch.nn.Module:
 
 def step_outputs(policy, td) -> dict[str, torch.Tensor]:
     out = policy.act(td.clone())
-    return {key: out[key] for key in (keys.LOGITS, keys.VALUES, keys.NEXT_HIDDEN)}
+    return {key: out[key] for key in (keys.LOGITS, keys.VALUES, keys.NEXT_QRNN_CELL)}
 
 
 def rollout_td(policy, batch=32):

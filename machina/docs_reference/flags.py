@@ -21,6 +21,7 @@ COMMANDS = (
     ("python -m machina.bench mettagrid", "machina.bench", ["mettagrid"]),
     ("python -m machina.bench policy", "machina.bench", ["policy"]),
     ("python -m machina.bench overhead", "machina.bench", ["overhead"]),
+    ("python -m machina.bench profile", "machina.bench", ["profile"]),
     ("python -m machina.speed.contention", "machina.speed.contention", []),
     ("python -m machina.env.mettagrid.game", "machina.env.mettagrid.game", []),
     ("python -m machina.docs_reference", "machina.docs_reference", []),
