@@ -229,7 +229,7 @@ def test_failed_checkpoint_write_stops_naming_the_file_and_keeps_the_last(tmp_pa
         return save(data, f, *args, **kwargs)
 
     def failing_open(path, mode="r", *args, **kwargs):
-        if path.name.startswith(".checkpoint_000002") and "w" in mode:
+        if path.name.startswith(".checkpoint_000002") and ("w" in mode or "x" in mode):
             raise failure
         return open_(path, mode, *args, **kwargs)
 

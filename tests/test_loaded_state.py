@@ -441,7 +441,8 @@ def test_a_full_disk_is_reported_as_the_os_reports_it(tmp_path, monkeypatch):
 
     def open_on_a_full_disk(path, mode="r", *args, **kwargs):
         file = open_(path, mode, *args, **kwargs)
-        return FullDisk(file, room=4096) if path.name == ".checkpoint_000002.pt.tmp" else file
+        checkpoint_2 = path.name.startswith(".checkpoint_000002.pt.") and path.name.endswith(".tmp")
+        return FullDisk(file, room=4096) if checkpoint_2 else file
 
     monkeypatch.setattr(Path, "open", open_on_a_full_disk)
     code, message = run_reporting(tmp_path, epochs=3)

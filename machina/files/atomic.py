@@ -6,19 +6,24 @@ milliseconds (4 to 8 ms on an ext4 virtual disk, where a 5 MiB checkpoint's own 
 they run per checkpoint, per rewind, per start and per widened metrics.csv header, never per step.
 """
 
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+_writes = itertools.count()  # this process's writes: with its pid, each temp file's name is its own
+
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write through a temp file in the same folder, fsync, then ``replace``: a reader (or a resume after a kill or
-    a power loss) sees the old file or the new one, never half of one."""
+    a power loss) sees the old file or the new one, never half of one. Each write has its own temp file
+    (``.<name>.<pid>-<n>.tmp``), so two writers of one path (two commands started in the same second share their
+    default folder) each replace it whole: the last one's file stays, and neither fails."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{next(_writes)}.tmp")
     try:
-        with tmp.open("wb") as f:
+        with tmp.open("xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

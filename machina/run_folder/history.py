@@ -131,7 +131,7 @@ PARTS: dict[str, Kind] = {
 
 def parts(run_dir: Path) -> dict[Path, Kind]:
     """``PARTS`` as paths in ``run_dir``, with the files the checkpointer writes or removes as it starts
-    (``Checkpointer.prepare``): its write probe, and the temp files a killed write left (``.<name>.tmp``)."""
+    (``Checkpointer.prepare``): its write probe, and the temp files a killed write left (``.<name>.<pid>-<n>.tmp``)."""
     found = {Path(run_dir) / name: kind for name, kind in PARTS.items()}
     checkpoints = Path(run_dir) / "checkpoints"
     found[checkpoints / ".write_test"] = "file"
