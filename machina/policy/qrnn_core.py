@@ -17,11 +17,11 @@ class QRNNCore(Component):
         f, o = sigmoid(x W_f + b_f), sigmoid(x W_o + b_o)      z = tanh(x W_z + b_z)
         c_t = f_t * c_{t-1} + (1 - f_t) * z_t                 h_t = o_t * c_t
 
-    Unlike an LSTM, no gate reads the previous state, so every matrix product of a sequence is one product over all
-    B*T steps ([B*T, D] x [D, 3H]) and the step-by-step part is one multiply-add per step on [B, H]. An LSTM instead
-    multiplies its [B, H] state by a [H, 4H] matrix at every step, forward and backward, which is most of an LSTM
-    policy's update on a CPU without bf16 units. Memory lives in the forget gate: a unit whose ``f`` is near 1
-    integrates over many steps, one whose ``f`` is near 0 follows the current observation.
+    Unlike an LSTM, no gate reads the previous state, so the matrix products of a sequence take all B*T steps at
+    once (three [B*T, D] x [D, H] products) and the step-by-step part is one multiply-add per step on [B, H]. An
+    LSTM instead multiplies its [B, H] state by a [H, 4H] matrix at every step, forward and backward, which is most
+    of an LSTM policy's update on a CPU without bf16 units. Memory lives in the forget gate: a unit whose ``f`` is
+    near 1 integrates over many steps, one whose ``f`` is near 0 follows the current observation.
 
     Reads ``EPISODE_START`` [B*T] from the flat step TensorDict: where it is 1 the state is zeroed before that step.
     Reads the start state ``QRNN_CELL`` from and writes ``NEXT_QRNN_CELL`` [B, H] (the state after the last step) to the
@@ -36,11 +36,10 @@ class QRNNCore(Component):
 
     def __init__(self, dims: PolicyDims, hidden_size: int = 128) -> None:
         super().__init__()
-        # Rows [0, H) forget, [H, 2H) output, [2H, 3H) candidate: the two sigmoid gates are one contiguous slice.
+        # Rows [0, H) forget, [H, 2H) output, [2H, 3H) candidate.
         self.gates = nn.Linear(dims.widths[ENCODED], 3 * hidden_size)
         nn.init.orthogonal_(self.gates.weight, 1.0)
         nn.init.zeros_(self.gates.bias)
-        self.hidden_size = hidden_size
         self.out_widths = {CORE: hidden_size}
         self.input_spec = {EPISODE_START: ((), torch.float32)}
         self.state_widths = {QRNN_CELL: hidden_size}
