@@ -6,15 +6,19 @@
 #
 # Each round runs, one after the other (so a slow spell of the machine hits every loop alike):
 #   torchrl       benchmarks/torchrl_ppo.py --iterations 3 --json       (stock TorchRL PPO loop, feed-forward)
-#   machina       python -m machina.bench --epochs 3 --json             (default experiment: LSTM policy)
+#   machina       python -m machina.bench --epochs 3 --json             (default experiment: QRNN policy)
 #   machina_ff    python -m machina.bench --epochs 3 --json policy.core=none   (feed-forward, like the TorchRL loop)
 # Every run measures end-to-end agent-steps/s over 3 whole iterations / epochs of 65,536 agent steps after one
 # warm-up. Each run's JSON line is printed as it ends and kept in $RESULTS (default
 # outputs/compare_torchrl-<time>.jsonl, as "label<TAB>json" lines); the table shows each loop's mean and runs.
 # machina runs from the repo root with .venv/bin/python (override: MACHINA_PYTHON=/path/to/python), the TorchRL
 # loop with .venv-torchrl/bin/python (override: TORCHRL_PYTHON). MACHINA_OVERRIDES adds settings to both machina
-# runs; a CPU without bf16 units, emulated on one with them (torch's kernels limited to AVX2, bf16 products off):
-#   ATEN_CPU_CAPABILITY=avx2 MACHINA_OVERRIDES=system.bf16_matmuls=false bash benchmarks/compare_torchrl.sh
+# runs, DEFAULT_OVERRIDES to the default's only (a core, which the feed-forward run has none of). A CPU without bf16
+# units, emulated on one with them (oneDNN, MKL and torch's kernels limited to AVX2, bf16 products off):
+#   ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+#       MACHINA_OVERRIDES=system.bf16_matmuls=false bash benchmarks/compare_torchrl.sh
+# The LSTM core the default had before its quasi-recurrent one:
+#   DEFAULT_OVERRIDES=policy.core._target_=machina.policy.lstm_core.LSTMCore bash benchmarks/compare_torchrl.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +44,7 @@ start=$SECONDS
 for ((round = 1; round <= rounds; round++)); do
   echo "# round $round of $rounds" >&2
   run torchrl "$torchrl_python" benchmarks/torchrl_ppo.py --iterations 3 --json
-  run machina "$machina_python" -m machina.bench --epochs 3 --json ${MACHINA_OVERRIDES:-}
+  run machina "$machina_python" -m machina.bench --epochs 3 --json ${MACHINA_OVERRIDES:-} ${DEFAULT_OVERRIDES:-}
   run machina_ff "$machina_python" -m machina.bench --epochs 3 --json policy.core=none ${MACHINA_OVERRIDES:-}
 done
 echo "# series: $((SECONDS - start)) s, results in $results" >&2
