@@ -55,9 +55,10 @@ class QRNNCore(Component):
         forget = torch.sigmoid(F.linear(x, weight[0], bias[0]))
         output = torch.sigmoid(F.linear(x, weight[1], bias[1]))
         candidate = torch.tanh(F.linear(x, weight[2], bias[2]))
-        # (1 - f) * z: what each step writes; f * (1 - start): what it keeps of the state before it.
+        # (1 - f) * z: what each step writes; f * (1 - start): what it keeps of the state before it. Each one op, as
+        # z - z * f and f - f * start, with no scalar operand (a conversion op of its own).
         written = torch.addcmul(candidate, candidate, forget, value=-1.0)
-        kept = forget * (1.0 - step[EPISODE_START]).view(-1, 1)
+        kept = torch.addcmul(forget, forget, step[EPISODE_START].view(-1, 1), value=-1.0)
         if steps == 1:
             c = torch.addcmul(written, kept, c)
             step[CORE] = output * c

@@ -23,12 +23,12 @@ sampling, forward, losses, backward, clip, optimizer step).
 import argparse
 import json
 import time
+from functools import partial
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from machina.progress import Progress
-from machina.speed import machine
+from machina.speed import machine, training
 
 TINY = ["env.num_envs=1", "experience.batch_size=64", "experience.bptt_horizon=16", "experience.minibatch_size=64"]
 # Every width of the policy shrunk to 8: the same graph of ops with almost no arithmetic.
@@ -69,19 +69,10 @@ def measure(trainer) -> dict[str, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        progress = Progress(0, 1)
         steps = trainer.learner.experience.batch_size // trainer.rollout.env.spec.num_agents
         minibatches = trainer.learner.experience.num_minibatches * trainer.learner.update_epochs
 
-        def rollout():
-            trainer.learner.policy.eval()
-            trainer.rollout.run(progress)
-
-        def learn():
-            trainer.learner.policy.train()
-            trainer.learner.run(progress)
-            trainer.learner.pop_metrics()
-
+        rollout, learn = partial(training.rollout, trainer), partial(training.update, trainer)
         rollout()
         learn()  # warm-up: lazy initialisation, optimizer state
         return {
@@ -97,8 +88,6 @@ def measure(trainer) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> list[dict]:
     """``measure`` for policy=fast and policy=vit (or the policy the overrides name), on one env; again with the
     policy's widths shrunk (``NARROW``) for the policies it knows."""
-    from machina.speed.training import Setup
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. losses=[ppo,supervisor]")
     parser.add_argument("--json", action="store_true", help="print one JSON object per configuration")
@@ -112,11 +101,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for policy in policies:
         chosen = [*TINY, *policy, *args.overrides]
-        setup = Setup(chosen)
+        setup = training.Setup(chosen)
         result = {"overrides": chosen, **measure(setup.trainer)}
         shrink = next((NARROW[o] for o in chosen[::-1] if o in NARROW), None)
         if shrink is not None and setup.parts.device.type == "cpu":  # an accelerator's arithmetic is not host time
-            narrow = measure(Setup([*chosen, *shrink]).trainer)
+            narrow = measure(training.Setup([*chosen, *shrink]).trainer)
             result.update({f"{key}_narrow": value for key, value in narrow.items()})
         results.append(result)
         if args.json:

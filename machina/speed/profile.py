@@ -16,33 +16,22 @@ import time
 
 from torch.profiler import ProfilerActivity, profile
 
-from machina.progress import Progress
 from machina.speed import machine
+from machina.speed.training import Setup, rollout, update
 
 
 def update_ops(trainer, rows: int) -> dict:
     """The update's seconds without the profiler and its ``rows`` ops with the most self time under it."""
-    progress = Progress(0, 1)
     learner = trainer.learner
-
-    def rollout() -> None:
-        learner.policy.eval()
-        trainer.rollout.run(progress)
-
-    def update() -> None:
-        learner.policy.train()
-        learner.run(progress)
-        learner.pop_metrics()
-
-    rollout()
-    update()  # warm-up: lazy initialisation, the optimizer's state
-    rollout()
+    rollout(trainer)
+    update(trainer)  # warm-up: lazy initialisation, the optimizer's state
+    rollout(trainer)
     start = time.perf_counter()
-    update()
+    update(trainer)
     seconds = time.perf_counter() - start
-    rollout()
+    rollout(trainer)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        update()
+        update(trainer)
     events = prof.key_averages(group_by_input_shape=True)
     total = sum(event.self_cpu_time_total for event in events) or 1.0
     top = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:rows]
@@ -63,8 +52,6 @@ def update_ops(trainer, rows: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from machina.speed.training import Setup
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. policy.core.hidden_size=192")
     parser.add_argument("--rows", type=int, default=15, help="ops to list, the most self time first")

@@ -36,6 +36,19 @@ from machina.startup.renamed import renamed
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
+def rollout(trainer) -> None:
+    """One rollout as the trainer runs it: the policy in eval mode, the buffer filled."""
+    trainer.learner.policy.eval()
+    trainer.rollout.run(Progress(0, 1))
+
+
+def update(trainer) -> None:
+    """One update on the filled buffer as the trainer runs it (every update epoch), its metrics read and dropped."""
+    trainer.learner.policy.train()
+    trainer.learner.run(Progress(0, 1))
+    trainer.learner.pop_metrics()
+
+
 def compose_config(overrides: list[str]):
     resolvers.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench"):
@@ -94,8 +107,7 @@ class Setup:
             inference_sps = steps * n / (time.perf_counter() - start)
 
         trainer = self.trainer
-        trainer.learner.policy.eval()
-        trainer.rollout.run(Progress(0, 1))
+        rollout(trainer)
         trainer.learner.policy.train()
         sync(device)
         start = time.perf_counter()
