@@ -230,7 +230,10 @@ def test_damaged_folders_are_rows_of_their_own_and_hide_none_of_the_others(tmp_p
     assert rows["1_b"]["error"].startswith(".hydra/config.yaml: not valid YAML")
     assert rows["2_c"]["error"] == ".hydra/overrides.yaml: holds a mapping, not a list"
     assert rows["2_c"]["overrides"] is None and rows["2_c"]["epochs"] == 2  # the metrics are still read
-    assert rows["3_d"]["error"] == f"cannot read {sweep / '3_d' / 'metrics.jsonl'}: it is a directory"
+    assert (
+        rows["3_d"]["error"]
+        == f"{sweep / '3_d' / 'metrics.jsonl'}: is a folder, not a regular file; only regular files are read"
+    )
     assert (rows["4_e"]["epochs"], rows["4_e"]["agent_steps"]) == (2, 2048)
     assert rows["4_e"]["warnings"] == ["metrics.jsonl line 2: invalid UTF-8", "metrics.jsonl line 3: not a JSON object"]
     assert (rows["5_f"]["agent_steps"], rows["5_f"]["sps_max"], rows["5_f"]["wall_time"]) == (1024, 1024.0, 0.5)

@@ -81,12 +81,12 @@ def test_a_missing_file_has_no_lines_and_an_empty_file_none_either(tmp_path):
 
 def test_a_directory_or_a_fifo_in_place_of_the_file_is_an_error_naming_it(tmp_path):
     (tmp_path / "metrics.jsonl").mkdir()
-    with pytest.raises(ConfigError, match=f"{tmp_path / 'metrics.jsonl'}: it is a directory"):
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'metrics.jsonl'}: is a folder, not a regular file"):
         read_lines(tmp_path / "metrics.jsonl")
     fifo = tmp_path / "fifo" / "metrics.jsonl"
     fifo.parent.mkdir()
     os.mkfifo(fifo)
-    with pytest.raises(ConfigError, match=f"{fifo}: it is not a file"):
+    with pytest.raises(ConfigError, match=f"{fifo}: is a FIFO \\(named pipe\\), not a regular file"):
         read_rows(fifo)  # refused at once: a FIFO with no writer would otherwise block forever
 
 

@@ -110,7 +110,7 @@ def test_plot_command_line_errors_are_one_line_exit_2_and_write_nothing(tmp_path
     (run / "plot.png").mkdir()  # the default picture cannot be written there
     before = hashes(tmp_path)
     assert_one_line_error(run_cli("machina.plot", tmp_path / "missing"), "no such folder", "missing")
-    assert_one_line_error(run_cli("machina.plot", tmp_path / "dir_run"), "dir_run/metrics.jsonl", "a directory")
+    assert_one_line_error(run_cli("machina.plot", tmp_path / "dir_run"), "dir_run/metrics.jsonl", "a folder")
     assert_one_line_error(run_cli("machina.plot", run), f"cannot write {run / 'plot.png'}", "--out PATH")
     assert_one_line_error(run_cli("machina.plot", run, "--out", run / "metrics.jsonl"), "metrics.jsonl", ".png")
     assert_one_line_error(run_cli("machina.plot", run, "--returns", "--window", "0", "--out", tmp_path / "r.png"))
@@ -126,7 +126,8 @@ def test_returns_leave_out_a_damaged_run_and_draw_the_others(tmp_path, capsys):
     assert main([*map(str, runs), "--returns", "--out", str(out)]) == 0
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if line.startswith("left out")] == [
-        f"left out {tmp_path / 'broken'}: cannot read {tmp_path / 'broken' / 'metrics.jsonl'}: it is a directory",
+        f"left out {tmp_path / 'broken'}: {tmp_path / 'broken' / 'metrics.jsonl'}: is a folder, not a regular file; "
+        "only regular files are read",
         f"left out {tmp_path / 'empty'}: no metrics.jsonl in {str(tmp_path / 'empty')!r}: pass a run folder written "
         "by train.py",
     ]

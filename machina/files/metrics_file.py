@@ -12,12 +12,10 @@ and readers skip such lines with a warning instead of stopping, so the rows afte
 
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from machina.errors import ConfigError
+from machina.files.bounded import read_regular
 
 NAME = "metrics.jsonl"  # in the run folder
 TORN = "torn (a partial last line: the run stopped while writing it)"
@@ -80,30 +78,14 @@ def number(row: dict, key: str) -> float | None:
 
 
 def read_file(path: Path, limit: int | None = None) -> bytes | None:
-    """The bytes of the regular file ``path``, None when nothing is there; ConfigError naming the path when
-    something else is (a directory, a FIFO) or it cannot be read (no permission, an I/O error), or holds more than
-    ``limit`` bytes: counted by reading at most ``limit + 1`` of them, since a sparse file's size costs no disk. Also
-    how the other files of a run folder are read (``machina.run_folder.reading``)."""
+    """The bytes of the regular file ``path``, None when nothing is there; ConfigError naming the path when something
+    else is there (a folder, a FIFO, never waited on), it cannot be read (no permission, an I/O error), or it holds
+    more than ``limit`` bytes (``bounded.read_regular``). Also how the other files of a run folder are read
+    (``machina.run_folder.reading``)."""
     try:
-        # O_NONBLOCK: a FIFO in the file's place opens at once (and is refused below) instead of waiting for a writer.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (FileNotFoundError, NotADirectoryError):
+        return read_regular(path, limit, str(path))
+    except FileNotFoundError:
         return None
-    except OSError as err:
-        raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"cannot read {path}: it is {'a directory' if stat.S_ISDIR(mode) else 'not a file'}")
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read() if limit is None else file.read(limit + 1)
-        if limit is not None and len(data) > limit:
-            raise ConfigError(f"cannot read {path}: it holds more than {limit:,} bytes, more than such a file holds")
-        return data
-    except OSError as err:
-        raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
 
 
 def _parse(line_number: int, raw: bytes, whole: bool) -> Line:
