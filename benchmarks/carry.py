@@ -12,7 +12,11 @@ deposit. A policy that moves with no regard to the chest scores about 0.5 on the
 quarter of the share of steps in which it moves; one that heads for it, more (the teacher, which heads for it but
 steps round obstacles and other agents: about 0.6-0.7 on the moves, 1.0 beside the chest). Last, per env: the
 hearts made, those deposited, and those still held when the episode ends, which are worth nothing (the teacher holds
-the few it made in its last steps; a policy that carries at chance, most of what it made late).
+the few it made in its last steps; a policy that carries at chance, most of what it made late). And whether the
+policy hurries at the deadline: the hearts deposited in the episode's last tenth of steps per heart held when it
+starts (``deposited_of_held_end``), against the same over the tenth after its middle (``deposited_of_held_mid``). A
+policy that knows that held hearts are lost at the end deposits a larger share at the end; one that deposits when it
+happens to pass the chest, the same share in both.
 """
 
 import argparse
@@ -35,6 +39,7 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
     sums = dict.fromkeys((*names, "deposited_beside", "made", "deposited"), 0)
     side = env.geom.pcols  # a cell of the padded board is row * side + col
     before = None
+    held, deposits = [], []  # per step played: hearts held at its start, hearts deposited by its action
     for t, _ in enumerate(play(env, actor)):
         state = env.state
         chest = (state["grid"] == CHEST).long().argmax(1, keepdim=True)  # [E, 1]: one chest per map
@@ -50,7 +55,8 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         if before is not None:
             change = now["hearts"] - before["hearts"]
             sums["made"] += int(change.clamp(min=0).sum())
-            sums["deposited"] -= int(change.clamp(max=0).sum())
+            deposits.append(-int(change.clamp(max=0).sum()))
+            sums["deposited"] += deposits[-1]
             moved = before["hold"] & (now["pos"] != before["pos"])
             closer = moved & (now["dist"] < before["dist"])
             for where, mask in (("in_view", before["view"]), ("out", ~before["view"])):
@@ -64,7 +70,9 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         sums["steps"] += now["hold"].numel()
         sums["holding"] += int(now["hold"].sum())
         sums["in_view"] += int((now["hold"] & now["view"]).sum())
+        held.append(int(now["hearts"].sum()))
         before = now
+    tenth = max(steps // 10, 1)
     return {
         "holding": sums["holding"] / sums["steps"],
         "chest_in_view": sums["in_view"] / max(sums["holding"], 1),
@@ -76,6 +84,8 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         "hearts_made_per_env": sums["made"] / env.num_envs,
         "deposited_per_env": sums["deposited"] / env.num_envs,
         "held_at_end_per_env": int(now["hearts"].sum()) / env.num_envs,
+        "deposited_of_held_mid": sum(deposits[steps // 2 : steps // 2 + tenth]) / max(held[steps // 2], 1),
+        "deposited_of_held_end": sum(deposits[steps - tenth :]) / max(held[steps - tenth], 1),
     }
 
 

@@ -56,6 +56,10 @@ def test_the_teacher_heads_for_the_chest_and_a_random_carrier_does_not():
         assert made > 0.5 and abs(made - deposited - held) < 1e-9, stats
     assert heading["held_at_end_per_env"] < 0.5 * heading["hearts_made_per_env"], heading
     assert wandering["held_at_end_per_env"] > heading["held_at_end_per_env"], (heading, wandering)
+    # Of the hearts held when a tenth of the episode starts, the teacher deposits many within it (it walks each heart
+    # to the chest); the random carrier, only those it bumps the chest with.
+    assert heading["deposited_of_held_mid"] > 0.3 and wandering["deposited_of_held_mid"] < 0.15, (heading, wandering)
+    assert heading["deposited_of_held_end"] > 2 * wandering["deposited_of_held_end"], (heading, wandering)
 
 
 def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
@@ -88,9 +92,13 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
         "hearts_made_per_env",
         "deposited_per_env",
         "held_at_end_per_env",
+        "deposited_of_held_mid",
+        "deposited_of_held_end",
     }, printed
-    shares = {name: value for name, value in printed.items() if not name.startswith("moves_") and "per_env" not in name}
+    counts = ("moves_", "per_env", "of_held")  # the deposits of a tenth can outnumber the hearts held at its start
+    shares = {name: value for name, value in printed.items() if not any(part in name for part in counts)}
     assert len(shares) == 5 and all(0 <= float(value) <= 1 for value in shares.values())
+    assert all(float(printed[name]) >= 0 for name in ("deposited_of_held_mid", "deposited_of_held_end"))
     other = random_policy_file(tmp_path / "other.pt", ["env.max_tokens=64"])
     result = run_script("benchmarks/carry.py", str(other))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
