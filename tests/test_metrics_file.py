@@ -10,6 +10,7 @@ import os
 import pytest
 
 from machina.errors import ConfigError, TrainingStopped
+from machina.files.bounded import read_regular
 from machina.files.metrics_file import Line, read_lines, read_rows
 from machina.logging.sinks import JsonlSink
 
@@ -77,6 +78,15 @@ def test_a_missing_file_has_no_lines_and_an_empty_file_none_either(tmp_path):
     assert read_lines(tmp_path / "metrics.jsonl") == []
     assert read_lines(tmp_path / "no_folder" / "metrics.jsonl") == []
     assert read_rows(write(tmp_path / "metrics.jsonl")) == ([], [])
+
+
+def test_a_file_under_a_regular_file_is_missing_not_an_error(tmp_path):
+    """A run folder that is a regular file holds no metrics.jsonl: nothing is read and nothing is refused, as for a
+    missing one; a game file or a stored config there is "no such file" (FileNotFoundError from the shared reader)."""
+    (tmp_path / "run").write_text("not a folder")
+    assert read_lines(tmp_path / "run" / "metrics.jsonl") == []
+    with pytest.raises(FileNotFoundError):
+        read_regular(tmp_path / "run" / "game.yaml", 1000, "env.game")
 
 
 def test_a_directory_or_a_fifo_in_place_of_the_file_is_an_error_naming_it(tmp_path):
