@@ -36,7 +36,7 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
     """Play ``steps`` steps of ``env`` with ``actor`` from a reset and return the shares and counts described above
     (``held_at_end_per_env``: the hearts held after the last step played, the episode's end in the command)."""
     names = ("steps", "holding", "in_view", "moves_in_view", "closer_in_view", "moves_out", "closer_out", "beside")
-    sums = dict.fromkeys((*names, "deposited_beside", "made", "deposited"), 0)
+    sums = dict.fromkeys((*names, "deposited_beside", "made"), 0)
     side = env.geom.pcols  # a cell of the padded board is row * side + col
     before = None
     held, deposits = [], []  # per step played: hearts held at its start, hearts deposited by its action
@@ -56,7 +56,6 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
             change = now["hearts"] - before["hearts"]
             sums["made"] += int(change.clamp(min=0).sum())
             deposits.append(-int(change.clamp(max=0).sum()))
-            sums["deposited"] += deposits[-1]
             moved = before["hold"] & (now["pos"] != before["pos"])
             closer = moved & (now["dist"] < before["dist"])
             for where, mask in (("in_view", before["view"]), ("out", ~before["view"])):
@@ -82,7 +81,7 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         "moves_in_view": sums["moves_in_view"],
         "moves_out_of_view": sums["moves_out"],
         "hearts_made_per_env": sums["made"] / env.num_envs,
-        "deposited_per_env": sums["deposited"] / env.num_envs,
+        "deposited_per_env": sum(deposits) / env.num_envs,
         "held_at_end_per_env": int(now["hearts"].sum()) / env.num_envs,
         "deposited_of_held_mid": sum(deposits[steps // 2 : steps // 2 + tenth]) / max(held[steps // 2], 1),
         "deposited_of_held_end": sum(deposits[steps - tenth :]) / max(held[steps - tenth], 1),
