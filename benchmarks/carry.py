@@ -16,7 +16,10 @@ the few it made in its last steps; a policy that carries at chance, most of what
 policy hurries at the deadline: the hearts deposited in the episode's last tenth of steps per heart held when it
 starts (``deposited_of_held_end``), against the same over the tenth after its middle (``deposited_of_held_mid``). A
 policy that knows that held hearts are lost at the end deposits a larger share at the end; one that deposits when it
-happens to pass the chest, the same share in both.
+happens to pass the chest, the same share in both. Last, whether its use of the chest depends on its hearts: of the
+steps beside the chest with no heart, the share whose action is the move into it (``into_chest_empty``), against the
+same share with a heart (``into_chest_holding``). Such a move does nothing without a heart: the teacher makes it only
+with one, a policy that has learned "bump the chest" but not "when I hold a heart" about as often either way.
 """
 
 import argparse
@@ -38,9 +41,18 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
     names = ("steps", "holding", "in_view", "moves_in_view", "closer_in_view", "moves_out", "closer_out", "beside")
     sums = dict.fromkeys((*names, "deposited_beside", "made"), 0)
     side = env.geom.pcols  # a cell of the padded board is row * side + col
+    into = {True: [0, 0], False: [0, 0]}  # holding or not -> [steps beside the chest, moves into it]
+    delta = torch.tensor([0, -side, 1, side, -1], device=env.device)  # cell change of actions 0-4: noop, N, E, S, W
     before = None
     held, deposits = [], []  # per step played: hearts held at its start, hearts deposited by its action
-    for t, _ in enumerate(play(env, actor)):
+    acted = []
+
+    def recorded(step):
+        actions = actor(step)
+        acted.append(actions)
+        return actions
+
+    for t, _ in enumerate(play(env, recorded)):
         state = env.state
         chest = (state["grid"] == CHEST).long().argmax(1, keepdim=True)  # [E, 1]: one chest per map
         pos = state["pos"]  # [E, A]
@@ -50,6 +62,7 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
             "dist": (dy + dx).flatten(),
             "view": ((dy <= RADIUS) & (dx <= RADIUS)).flatten(),
             "hearts": state["inv"][..., HEART].flatten().clone(),
+            "chest": chest.expand_as(pos).flatten(),
         }
         now["hold"] = now["hearts"] >= 1
         if before is not None:
@@ -63,6 +76,13 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
                 sums[f"closer_{where}"] += int((closer & mask).sum())
             beside = before["hold"] & (before["dist"] == 1)
             sums["beside"] += int(beside.sum())
+            action = acted[-1]
+            moves = (action >= 1) & (action <= 4)
+            target = before["pos"] + torch.where(moves, delta[action.clamp(0, 4)], 0)
+            for holding in (True, False):
+                next_to = (before["dist"] == 1) & (before["hold"] == holding)
+                into[holding][0] += int(next_to.sum())
+                into[holding][1] += int((next_to & moves & (target == before["chest"])).sum())
             sums["deposited_beside"] += int((beside & (now["hearts"] < before["hearts"])).sum())
         if t == steps:
             break
@@ -85,6 +105,8 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         "held_at_end_per_env": int(now["hearts"].sum()) / env.num_envs,
         "deposited_of_held_mid": sum(deposits[steps // 2 : steps // 2 + tenth]) / max(held[steps // 2], 1),
         "deposited_of_held_end": sum(deposits[steps - tenth :]) / max(held[steps - tenth], 1),
+        "into_chest_holding": into[True][1] / max(into[True][0], 1),
+        "into_chest_empty": into[False][1] / max(into[False][0], 1),
     }
 
 

@@ -8,7 +8,7 @@ import torch
 
 from machina import keys
 from machina.env.machina_1 import Machina1Env
-from machina.env.machina_1.grid import HEART
+from machina.env.machina_1.grid import CHEST, HEART
 from tests.commands import run_script
 from tests.test_checkpoint import random_policy_file
 
@@ -62,6 +62,30 @@ def test_the_teacher_heads_for_the_chest_and_a_random_carrier_does_not():
     assert heading["deposited_of_held_end"] > 2 * wandering["deposited_of_held_end"], (heading, wandering)
 
 
+def test_a_policy_blind_to_its_hearts_moves_into_the_chest_as_often_without_one():
+    """The teacher moves into the chest when it holds a heart and never without one (it walks round it). An actor
+    that plays the teacher's moves except beside the chest, where it moves at random whether or not it holds a heart,
+    moves into the chest a quarter of the time either way: the two shares tell the rule "bump the chest" from "bump the
+    chest when holding a heart"."""
+    teacher = carry.carry_stats(env(), lambda step: step[keys.TEACHER_ACTIONS], 150)
+    assert teacher["into_chest_holding"] > 0.9 and teacher["into_chest_empty"] < 0.02, teacher
+    generator = torch.Generator().manual_seed(1)
+    blind_env = env()
+    side = blind_env.geom.pcols
+
+    def blind(step):
+        state = blind_env.state
+        chest = (state["grid"] == CHEST).long().argmax(1, keepdim=True)
+        dist = (state["pos"] // side - chest // side).abs() + (state["pos"] % side - chest % side).abs()
+        moves = torch.randint(1, 5, step.batch_size, generator=generator)
+        return torch.where(dist.flatten() == 1, moves, step[keys.TEACHER_ACTIONS])
+
+    blind_stats = carry.carry_stats(blind_env, blind, 150)
+    for name in ("into_chest_holding", "into_chest_empty"):
+        assert 0.15 < blind_stats[name] < 0.35, blind_stats
+    assert abs(blind_stats["into_chest_holding"] - blind_stats["into_chest_empty"]) < 0.1, blind_stats
+
+
 def test_the_command_needs_a_policy_or_the_teacher(tmp_path):
     result = run_script("benchmarks/carry.py")
     assert result.returncode == 2
@@ -94,10 +118,12 @@ def test_the_command_measures_a_policy_file_and_refuses_one_of_another_env(tmp_p
         "held_at_end_per_env",
         "deposited_of_held_mid",
         "deposited_of_held_end",
+        "into_chest_holding",
+        "into_chest_empty",
     }, printed
     counts = ("moves_", "per_env", "of_held")  # the deposits of a tenth can outnumber the hearts held at its start
     shares = {name: value for name, value in printed.items() if not any(part in name for part in counts)}
-    assert len(shares) == 5 and all(0 <= float(value) <= 1 for value in shares.values())
+    assert len(shares) == 7 and all(0 <= float(value) <= 1 for value in shares.values())
     assert all(float(printed[name]) >= 0 for name in ("deposited_of_held_mid", "deposited_of_held_end"))
     other = random_policy_file(tmp_path / "other.pt", ["env.max_tokens=64"])
     result = run_script("benchmarks/carry.py", str(other))

@@ -1,5 +1,5 @@
-"""Two commands writing at once: two writers of one file each replace it whole, and two evaluations started in the
-same second get two folders."""
+"""Two commands writing at once: two writers of one file each replace it whole, and two evaluations or two training
+runs started in the same second get two folders."""
 
 from datetime import datetime
 
@@ -41,7 +41,11 @@ def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temp_file(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["eval.json"]
 
 
-def test_two_evaluations_started_in_the_same_second_get_two_output_folders(monkeypatch):
+@pytest.mark.parametrize(
+    ("config", "overrides", "root"), [("eval", ["checkpoint=x.pt"], "outputs/eval/"), ("config", [], "outputs/")]
+)
+def test_two_commands_started_in_the_same_second_get_two_output_folders(monkeypatch, config, overrides, root):
+    """Two train.py runs started together (a script's loop) shared one folder, and the run lock refused the second."""
     folders = []
     for microsecond in (1, 2):
 
@@ -53,8 +57,8 @@ def test_two_evaluations_started_in_the_same_second_get_two_output_folders(monke
                 return datetime(2026, 12, 6, 13, 30, 5, cls.tick)
 
         monkeypatch.setattr(hydra.core.utils, "datetime", Clock)
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="eval"):
-            cfg = compose(config_name="eval", overrides=["checkpoint=x.pt"], return_hydra_config=True)
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=config):
+            cfg = compose(config_name=config, overrides=overrides, return_hydra_config=True)
         folders.append(cfg.hydra.run.dir)
     assert folders[0] != folders[1]
-    assert all(folder.startswith("outputs/eval/2026-12-06/13-30-05") for folder in folders), folders
+    assert all(folder.startswith(f"{root}2026-12-06/13-30-05") for folder in folders), folders

@@ -61,8 +61,8 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_train_one_run_in_rank_0s_folder_and_resume(tmp_path, wandb_dirs):
-    """With the default folder outputs/<date>/<time>, ranks that start in different seconds resolve different
-    folders; here each rank's folder name carries its RANK, so they always differ. Rank 0's folder is the run's, for
+    """With the default folder outputs/<date>/<time> (to the microsecond), ranks resolve different folders; here
+    each rank's folder name carries its RANK, so they always differ. Rank 0's folder is the run's, for
     training and for the resume, and the job does not hang."""
     folder = f"{tmp_path}/rank${{oc.env:RANK}}"
     run_dir = tmp_path / "rank0"

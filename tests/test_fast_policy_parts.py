@@ -2,11 +2,13 @@
 (written out token by token), its weight gradient against PyTorch's own ``embedding_bag``, and the LSTM core's
 training path against ``nn.LSTMCell`` stepped one step at a time (values and gradients)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
 from machina.env.spec import PAD_TOKEN, ObsSpec
+from machina.errors import ConfigError
 from machina.keys import CELL, CORE, ENCODED, EPISODE_START, HIDDEN, NEXT_CELL, NEXT_HIDDEN, OBS
 from machina.policy.bag_encoder import TokenBagEncoder
 from machina.policy.bag_sum import bag_sum
@@ -171,6 +173,63 @@ def test_shared_rows_share_what_is_learned_about_a_cell_along_its_lines_its_dire
     assert moved["axis"] == {"trained", "row", "column"}
     assert moved["direction"] == {"trained", "direction"}
     assert moved["distance"] == {"trained", "distance"}
+
+
+def film_by_definition(self_rows: torch.Tensor, obs: torch.Tensor, lead: int) -> torch.Tensor:
+    """``[gamma, beta]`` [N, 2 * hidden] as the encoder docstring defines them, token by token: of the first ``lead``
+    tokens, those on the window's centre cell (the agent's own) add the row of their (feature, value), a categorical
+    feature's value clamped to its norm and weighted 1, a scaled feature's one row weighted value / norm; features own
+    consecutive blocks of rows in id order; padding and unknown ids add nothing."""
+    sizes = [int(n) + 1 if n <= 16 else 1 for n in SPEC.feature_norms]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    centre = (SPEC.window // 2) << 4 | (SPEC.window // 2)
+    out = torch.zeros(obs.shape[0], self_rows.shape[1])
+    for i, observation in enumerate(obs[:, :lead].tolist()):
+        for location, feature, value in observation:
+            if feature >= SPEC.num_features or location != centre:
+                continue
+            norm = SPEC.feature_norms[feature]
+            if norm <= 16:
+                out[i] += self_rows[starts[feature] + min(value, int(norm))]
+            else:
+                out[i] += value / norm * self_rows[starts[feature]]
+    return out
+
+
+def test_self_film_scales_and_shifts_the_encoding_by_the_tokens_on_the_agents_own_cell():
+    """ENCODED = MLP(bag) * (1 + gamma) + beta, [gamma, beta] summed over the agent's own-cell tokens among the first
+    ``self_tokens``; zero rows at the start, so the first policy is the one without it."""
+    dims = PolicyDims(obs=SPEC, num_actions=3, widths={})
+    encoder = TokenBagEncoder(dims, embed_dim=8, hidden=6, self_film=True, self_tokens=7)
+    plain = TokenBagEncoder(dims, embed_dim=8, hidden=6)
+    plain.load_state_dict(encoder.state_dict(), strict=False)
+    obs = tokens(96, seed=5)
+    g = torch.Generator().manual_seed(6)
+    own = torch.rand(obs.shape[:2], generator=g) < 0.5  # half the tokens moved onto the agent's cell
+    obs[..., 0] = torch.where(own & (obs[..., 1] != PAD_TOKEN), (SPEC.window // 2) * 17, obs[..., 0])
+    step = TensorDict({OBS: obs}, batch_size=[96])
+    before = [step.clone(), step.clone()]
+    encoder(before[0], None), plain(before[1], None)
+    torch.testing.assert_close(before[0][ENCODED], before[1][ENCODED])
+
+    with torch.no_grad():
+        encoder.self_rows.normal_(generator=g)
+    encoder(step, None)
+    base = encoder.mlp(bag_by_definition(encoder.bag.weight.detach(), obs)).detach()
+    gamma, beta = film_by_definition(encoder.self_rows.detach(), obs, 7).chunk(2, -1)
+    # Among the first 7 tokens there are own-cell tokens and others, and past them own-cell tokens too: an encoder that
+    # read every cell, or every token, would not match the definition.
+    centre, real = obs[..., 0] == (SPEC.window // 2) * 17, obs[..., 1] < SPEC.num_features
+    assert (centre & real)[:, :7].any(1).float().mean() > 0.8 and (~centre & real)[:, :7].any()
+    assert (centre & real)[:, 7:].any()
+    torch.testing.assert_close(step[ENCODED].detach(), base * (1 + gamma) + beta, rtol=1e-5, atol=1e-5)
+
+
+def test_self_film_refuses_a_count_of_tokens_it_cannot_read():
+    dims = PolicyDims(obs=SPEC, num_actions=3, widths={})
+    for bad in (0, -3, 2.5, "4"):
+        with pytest.raises(ConfigError, match=rf"policy.encoder.self_tokens={bad!r} must be an integer >= 1"):
+            TokenBagEncoder(dims, self_film=True, self_tokens=bad)
 
 
 def test_bag_sum_gradient_equals_embedding_bags():

@@ -65,10 +65,12 @@ def make_policy(name: str, emit: bool = True) -> torch.nn.Module:
 
 def random_obs(batch: int, steps: int, tokens: int = SPEC.max_tokens, spec=SPEC) -> torch.Tensor:
     """The policy's observations [batch, steps, ...]: float32 vectors for a vector spec; for tokens, uint8 [batch,
-    steps, tokens, 3] with a random number of real tokens per observation (none in one), then padding."""
+    steps, tokens, 3] with a random number of real tokens per observation (none in one), then padding. The first
+    token lies on the agent's own cell, where token envs put what the agent holds."""
     if isinstance(spec, VectorObsSpec):
         return torch.randn(batch, steps, spec.size)
     dy, dx = torch.randint(0, SPEC.window, (2, batch, steps, tokens))
+    dy[..., 0] = dx[..., 0] = SPEC.window // 2
     feature = torch.randint(0, SPEC.num_features, (batch, steps, tokens))
     value = torch.randint(0, 256, (batch, steps, tokens))
     obs = torch.stack((dy << 4 | dx, feature, value), -1).to(torch.uint8)

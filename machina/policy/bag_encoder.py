@@ -5,7 +5,9 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from machina import checks
 from machina.env.spec import PAD_TOKEN
+from machina.errors import ConfigError
 from machina.keys import ENCODED, OBS
 from machina.policy.bag_sum import bag_sum
 from machina.policy.component import Component, PolicyDims
@@ -45,11 +47,22 @@ class TokenBagEncoder(Component):
     the left" and "the chest is 3 steps away" are then one row each, shared by every cell in that direction or at
     that distance. Zero at the start as well.
 
+    With ``self_film``, the tokens on the agent's own cell (its inventory, the episode's progress: what it is, rather
+    than what is around it) also scale and shift every unit of ``ENCODED`` (FiLM, Perez et al. 2018): ``ENCODED * (1
+    + gamma) + beta``, with ``[gamma, beta]`` the sum of one row of ``self_rows`` [levels, 2 * hidden] per such token
+    (a row per (feature, value), weighted as in the bag; a wide-range feature's row by value / norm). In the sum of
+    the bag, "I hold a heart" is one row among some sixty; here it multiplies what the others mean. Zero at the start,
+    so the first policy is the one without it. Numbers on machina_1 in docs/explanation/lab_notebook.md. Only the
+    first ``self_tokens`` tokens are read: token envs put the agent's own cell first (machina_1 its inventory and
+    progress, at most 6 tokens; MettaGrid its global tokens, then the nearest cell, its own), and reading all of
+    them cost about 5% more of an epoch on the 2-core CPU.
+
     Args:
         embed_dim: the width of each embedding row (of the bag's sum).
         hidden: the width of ``ENCODED``, after the Linear layer that follows the sum.
         categorical_max: features with ``feature_norm`` up to this get a row per value; wider ones a weighted row.
         axis_embeddings, direction_embeddings, distance_embeddings: the shared rows above.
+        self_film, self_tokens: the modulation by the agent's own cell above, and the leading tokens it reads.
     """
 
     in_keys = (OBS,)
@@ -64,6 +77,8 @@ class TokenBagEncoder(Component):
         axis_embeddings: bool = False,
         direction_embeddings: bool = False,
         distance_embeddings: bool = False,
+        self_film: bool = False,
+        self_tokens: int = 16,
     ) -> None:
         super().__init__()
         spec = dims.obs
@@ -117,16 +132,43 @@ class TokenBagEncoder(Component):
         self.mlp = nn.Sequential(
             nn.LayerNorm(embed_dim), nn.ReLU(), layer_init(nn.Linear(embed_dim, hidden)), nn.ReLU()
         )
+        self.centre = (spec.window // 2) << 4 | (spec.window // 2)  # location byte of the agent's own cell
+        self.self_rows: nn.Parameter | None = None
+        if not checks.is_integer(self_tokens) or self_tokens < 1:
+            raise ConfigError(f"policy.encoder.self_tokens={self_tokens!r} must be an integer >= 1 (tokens FiLM reads)")
+        self.self_tokens = self_tokens
+        if self_film:
+            # One row per (feature, level), no cells: the tokens it reads all sit on one cell.
+            self_row_of = torch.zeros(BYTE_VALUES, dtype=torch.int64)
+            self_row_of[: spec.num_features] = torch.cumsum(levels, 0) - levels
+            self_row_of = self_row_of.view(-1, 1) + torch.minimum(value.view(1, -1), max_level.view(-1, 1))
+            self.register_buffer("self_row_of", self_row_of.flatten(), persistent=False)  # int64 [256 * 256]
+            levels_total = sum(int(norm) + 1 if norm <= categorical_max else 1 for norm in spec.feature_norms)
+            self.self_rows = nn.Parameter(torch.zeros(levels_total, 2 * hidden))
         self.out_widths = {ENCODED: hidden}
         self.input_spec = {OBS: ((spec.max_tokens, 3), torch.uint8)}
         self.kept_table: torch.Tensor | None = None  # ``table()`` inside ``ComponentPolicy.weights_fixed``
 
     def token_rows(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 [N, M, 3] tokens -> (int64 rows [N, M] into the bag's table, float32 weights [N, M])."""
+        rows, weights, _, _ = self.token_lookup(obs)
+        return rows, weights
+
+    def token_lookup(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``token_rows``' rows and weights, and each token's (feature * 256 + value) and location byte [N, M]."""
         tokens = obs.long()  # one copy of [N, M, 3]; the three bytes are views of it
         feature_value = tokens[..., 1] * BYTE_VALUES + tokens[..., 2]
         rows = torch.take(self.row_of, feature_value).add_(torch.take(self.cell_index, tokens[..., 0]))
-        return rows, torch.take(self.weight_of, feature_value)
+        return rows, torch.take(self.weight_of, feature_value), feature_value, tokens[..., 0]
+
+    def modulation(self, feature_value: torch.Tensor, weights: torch.Tensor, location: torch.Tensor) -> torch.Tensor:
+        """float32 [N, 2 * hidden]: ``[gamma, beta]``, the weighted sum of the ``self_rows`` of the tokens on the
+        agent's own cell. A dense [N, levels] count times the rows: one small matrix product and its transpose in
+        the backward, where the embedding bag's would sort indices."""
+        own = weights * (location == self.centre)
+        counts = own.new_zeros(*own.shape[:-1], self.self_rows.shape[0])
+        counts.scatter_add_(-1, torch.take(self.self_row_of, feature_value), own)
+        return counts @ self.self_rows
 
     def keep_derived(self, keep: bool) -> None:
         self.kept_table = None
@@ -149,4 +191,10 @@ class TokenBagEncoder(Component):
         return table.view(-1, dim)
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
-        step[ENCODED] = self.mlp(bag_sum(self.table(), *self.token_rows(step[OBS])))
+        rows, weights, feature_value, location = self.token_lookup(step[OBS])
+        encoded = self.mlp(bag_sum(self.table(), rows, weights))
+        if self.self_rows is not None:
+            lead = slice(0, self.self_tokens)
+            gamma, beta = self.modulation(feature_value[:, lead], weights[:, lead], location[:, lead]).chunk(2, -1)
+            encoded = encoded * (1 + gamma) + beta
+        step[ENCODED] = encoded
