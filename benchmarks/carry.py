@@ -39,10 +39,8 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
     """Play ``steps`` steps of ``env`` with ``actor`` from a reset and return the shares and counts described above
     (``held_at_end_per_env``: the hearts held after the last step played, the episode's end in the command)."""
     names = ("steps", "holding", "in_view", "moves_in_view", "closer_in_view", "moves_out", "closer_out", "beside")
-    sums = dict.fromkeys((*names, "deposited_beside", "made"), 0)
+    sums = dict.fromkeys((*names, "deposited_beside", "made", "beside_empty", "into_holding", "into_empty"), 0)
     side = env.geom.pcols  # a cell of the padded board is row * side + col
-    into = {True: [0, 0], False: [0, 0]}  # holding or not -> [steps beside the chest, moves into it]
-    delta = torch.tensor([0, -side, 1, side, -1], device=env.device)  # cell change of actions 0-4: noop, N, E, S, W
     before = None
     held, deposits = [], []  # per step played: hearts held at its start, hearts deposited by its action
     acted = []
@@ -75,14 +73,12 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
                 sums[f"moves_{where}"] += int((moved & mask).sum())
                 sums[f"closer_{where}"] += int((closer & mask).sum())
             beside = before["hold"] & (before["dist"] == 1)
+            beside_empty = ~before["hold"] & (before["dist"] == 1)
             sums["beside"] += int(beside.sum())
-            action = acted[-1]
-            moves = (action >= 1) & (action <= 4)
-            target = before["pos"] + torch.where(moves, delta[action.clamp(0, 4)], 0)
-            for holding in (True, False):
-                next_to = (before["dist"] == 1) & (before["hold"] == holding)
-                into[holding][0] += int(next_to.sum())
-                into[holding][1] += int((next_to & moves & (target == before["chest"])).sum())
+            sums["beside_empty"] += int(beside_empty.sum())
+            into = before["pos"] + env.action_delta[acted[-1]] == before["chest"]  # the env's cell change per action
+            sums["into_holding"] += int((beside & into).sum())
+            sums["into_empty"] += int((beside_empty & into).sum())
             sums["deposited_beside"] += int((beside & (now["hearts"] < before["hearts"])).sum())
         if t == steps:
             break
@@ -105,8 +101,8 @@ def carry_stats(env: Machina1Env, actor: Actor, steps: int) -> dict[str, float]:
         "held_at_end_per_env": int(now["hearts"].sum()) / env.num_envs,
         "deposited_of_held_mid": sum(deposits[steps // 2 : steps // 2 + tenth]) / max(held[steps // 2], 1),
         "deposited_of_held_end": sum(deposits[steps - tenth :]) / max(held[steps - tenth], 1),
-        "into_chest_holding": into[True][1] / max(into[True][0], 1),
-        "into_chest_empty": into[False][1] / max(into[False][0], 1),
+        "into_chest_holding": sums["into_holding"] / max(sums["beside"], 1),
+        "into_chest_empty": sums["into_empty"] / max(sums["beside_empty"], 1),
     }
 
 
