@@ -6,8 +6,11 @@
 #
 # Each round runs, one after the other (so a slow spell of the machine hits every loop alike):
 #   torchrl       benchmarks/torchrl_ppo.py --iterations 3 --json       (stock TorchRL PPO loop, feed-forward)
-#   machina       python -m machina.bench --epochs 3 --json             (default experiment: QRNN policy)
-#   machina_ff    python -m machina.bench --epochs 3 --json policy.core=none   (feed-forward, like the TorchRL loop)
+#   machina       python -m machina.bench --epochs 3 --json learner.update_epochs=1   (default experiment: QRNN policy)
+#   machina_ff    python -m machina.bench --epochs 3 --json learner.update_epochs=1 policy.core=none   (feed-forward,
+#                 like the TorchRL loop)
+# Both machina runs train one pass per batch, as the TorchRL loop does (the main job trains two: twice the learning
+# work per agent step, which is not the loop's speed); MACHINA_OVERRIDES=learner.update_epochs=2 measures the main job.
 # Every run measures end-to-end agent-steps/s over 3 whole iterations / epochs of 65,536 agent steps after one
 # warm-up. Each run's JSON line is printed as it ends and kept in $RESULTS (default
 # outputs/compare_torchrl-<time>.jsonl, as "label<TAB>json" lines); the table shows each loop's mean and runs.
@@ -44,8 +47,10 @@ start=$SECONDS
 for ((round = 1; round <= rounds; round++)); do
   echo "# round $round of $rounds" >&2
   run torchrl "$torchrl_python" benchmarks/torchrl_ppo.py --iterations 3 --json
-  run machina "$machina_python" -m machina.bench --epochs 3 --json ${MACHINA_OVERRIDES:-} ${DEFAULT_OVERRIDES:-}
-  run machina_ff "$machina_python" -m machina.bench --epochs 3 --json policy.core=none ${MACHINA_OVERRIDES:-}
+  run machina "$machina_python" -m machina.bench --epochs 3 --json learner.update_epochs=1 ${MACHINA_OVERRIDES:-} \
+    ${DEFAULT_OVERRIDES:-}
+  run machina_ff "$machina_python" -m machina.bench --epochs 3 --json learner.update_epochs=1 policy.core=none \
+    ${MACHINA_OVERRIDES:-}
 done
 echo "# series: $((SECONDS - start)) s, results in $results" >&2
 

@@ -76,7 +76,11 @@ def test_an_estimator_from_a_config_folder_on_the_search_path_reaches_the_losses
 
 def test_an_estimator_chosen_by_target_keeps_the_groups_settings_and_reaches_the_losses():
     trainer, seen = train_one_epoch(
-        ["learner.advantage._target_=tests.test_add_advantage.RecordedVTrace", "learner.advantage.gamma=0.5"]
+        [
+            "learner.advantage._target_=tests.test_add_advantage.RecordedVTrace",
+            "learner.advantage.gamma=0.5",
+            "learner.update_epochs=1",  # one pass: one advantage tensor (the main job trains two)
+        ]
     )
     estimator = trainer.learner.advantage
     assert type(estimator) is RecordedVTrace and estimator.gamma == 0.5 and estimator.gae_lambda == 0.95

@@ -38,6 +38,7 @@ def test_a_sampler_defined_here_is_selected_by_override_and_trains_an_epoch():
             "~experience.sampler.shuffle",  # Sequential's setting; this sampler has its own
             "+experience.sampler.weight=0.5",
             "optimizer.lr=0.01",
+            "learner.update_epochs=1",  # one pass: one prepare, one draw per minibatch (the main job trains two)
         ]
     )
     parts = build(cfg)

@@ -19,6 +19,11 @@ processor\t: 1
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile
 """
+ZEN4_EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9B14
+flags\t\t: fpu sse sse2 avx avx2 avx512f avx512bw avx512_bf16
+"""
 AVX2_EPYC = """processor\t: 0
 vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC 7B13
@@ -46,6 +51,16 @@ def test_an_avx2_only_cpu_is_told_that_bf16_products_do_nothing(tmp_path):
     described = machine.describe(write(tmp_path, AVX2_EPYC))
     assert described["units"] == ["avx2"] and described["bf16_products"] is False
     assert "no speed-up here" in machine.summary(described)
+
+
+def test_avx512_bf16_without_amx_is_told_that_bf16_products_do_nothing(tmp_path, monkeypatch):
+    # A Zen 4 EPYC reports avx512_bf16 but no AMX; torch computes the flag's float32 products exactly there.
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    described = machine.describe(write(tmp_path, ZEN4_EPYC))
+    assert described["units"] == ["avx512_bf16", "avx512f", "avx2"] and described["bf16_products"] is False
+    assert "no speed-up here" in machine.summary(described)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_bf16")  # oneDNN below AMX on a CPU that has it
+    assert machine.describe(write(tmp_path, AMX_XEON))["bf16_products"] is False
 
 
 def test_onednn_limited_to_avx2_counts_as_no_bf16_units(tmp_path, monkeypatch):

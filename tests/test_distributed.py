@@ -117,7 +117,13 @@ def test_a_failing_rank_stops_the_job_promptly(tmp_path):
 
 # Float32 products: the gradients of two groupings of one batch agree to float rounding, which bf16-rounded inputs
 # (the main job's products) would blur where an input rounds the other way.
-GRAD = ["experience.bptt_horizon=16", "learner.max_grad_norm=1e9", "wandb=disabled", "system.bf16_matmuls=false"]
+GRAD = [
+    "experience.bptt_horizon=16",
+    "learner.max_grad_norm=1e9",
+    "learner.update_epochs=1",  # one pass of one minibatch: one optimizer step to compare
+    "wandb=disabled",
+    "system.bf16_matmuls=false",
+]
 
 
 def make_trainer(batch_size: int, rank: int = 0):

@@ -269,8 +269,10 @@ class Explode:
 )
 def test_non_finite_weights_or_optimizer_state_are_never_checkpointed(tmp_path, target, expected, logged):
     hook = register_optimizer_step_post_hook(Explode(at=2, target=target))
-    try:  # one optimizer step per epoch
-        code, message = run_reporting(tmp_path, f"experience.minibatch_size={EPOCH}", epochs=3)
+    try:  # one optimizer step per epoch: one minibatch, one pass
+        code, message = run_reporting(
+            tmp_path, f"experience.minibatch_size={EPOCH}", "learner.update_epochs=1", epochs=3
+        )
     finally:
         hook.remove()
     assert code == 2 and expected in message and "checkpoint_000001.pt" in message, message

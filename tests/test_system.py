@@ -8,6 +8,7 @@ import torch
 
 from machina import checks, keys
 from machina.errors import ConfigError
+from machina.speed import machine
 from machina.startup.system import System
 
 
@@ -63,7 +64,9 @@ def test_a_thread_count_that_is_neither_a_count_nor_auto_is_refused(threads):
 
 
 def bf16_units() -> bool:
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    """Whether torch takes bf16 float32 products here: AMX units (an AVX512-BF16 CPU without AMX, an AMD EPYC of
+    Zen 4, computes them exactly)."""
+    return torch.backends.mkldnn.is_available() and machine.describe()["bf16_products"]
 
 
 def test_bf16_matmuls_round_a_float32_products_inputs_to_bfloat16_and_off_restores_full_precision():

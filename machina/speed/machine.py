@@ -8,8 +8,9 @@ JSON result under ``"machine"``):
 - ``units``: which of ``amx_bf16``, ``avx512_bf16``, ``avx512f``, ``avx2`` the CPU reports;
 - ``kernels``: the vector width torch's own kernels use (``AVX512``, ``AVX2``, ``DEFAULT``...; the
   ``ATEN_CPU_CAPABILITY`` variable lowers it);
-- ``bf16_products``: whether ``system.bf16_matmuls=true`` can speed up float32 products here (bf16 units present
-  and ``ONEDNN_MAX_CPU_ISA`` not limiting oneDNN below them);
+- ``bf16_products``: whether ``system.bf16_matmuls=true`` can speed up float32 products here (AMX present and
+  ``ONEDNN_MAX_CPU_ISA`` not limiting oneDNN below it). AVX512-BF16 alone does not count: on an AMD EPYC (Zen 4)
+  with it and no AMX, torch 2.13 computes the flag's float32 products exactly, unrounded (tests/test_system.py);
 - ``threads`` (torch's intra-op threads), ``cores`` (the cores this process may run on);
 - ``load``: the 1-minute load average when the benchmark started.
 
@@ -25,9 +26,19 @@ import sys
 import torch
 
 UNITS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
-BF16_UNITS = ("amx_bf16", "avx512_bf16")
-# oneDNN ISA limits below which its bfloat16 kernels are not used (ONEDNN_MAX_CPU_ISA, case-insensitive).
-NO_BF16_ISAS = ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni")
+BF16_UNITS = ("amx_bf16",)  # the units torch's bf16 float32 products run on (module docstring)
+# oneDNN ISA limits below which those products are not used (ONEDNN_MAX_CPU_ISA, case-insensitive).
+NO_BF16_ISAS = (
+    "sse41",
+    "avx",
+    "avx2",
+    "avx2_vnni",
+    "avx2_vnni_2",
+    "avx512_core",
+    "avx512_core_vnni",
+    "avx512_core_bf16",
+    "avx512_core_fp16",
+)
 SHARED_LOAD = 0.5
 
 
