@@ -38,6 +38,7 @@ NO_BF16_ISAS = (
     "avx512_core_vnni",
     "avx512_core_bf16",
     "avx512_core_fp16",
+    "avx10_1_512",  # oneDNN's later name of avx512_core_fp16
 )
 SHARED_LOAD = 0.5
 
