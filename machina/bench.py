@@ -8,8 +8,8 @@
     python -m machina.bench profile [--rows N] [--json] [HYDRA_OVERRIDE ...]                the update's ops
 
 ``python -m machina.bench <mode> --help`` explains each. Every mode first prints, on stderr, one line naming the
-machine's case (CPU, its bf16/AMX/AVX512/AVX2 units, torch's kernels, threads, load average; ``machina.speed.machine``)
-and a warning when the load average says another process is busy.
+machine's case (CPU, its bf16/AMX/AVX512/AVX2 units, torch's kernels, threads, load average, cores other processes
+keep busy; ``machina.speed.machine``) and a warning when another process is busy now.
 """
 
 import sys

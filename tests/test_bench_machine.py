@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 
+import pytest
 import torch
 
 from machina import bench
@@ -87,11 +89,44 @@ def test_the_kernels_follow_aten_cpu_capability_in_a_new_process():
 
 
 def test_a_busy_machine_is_warned_about_and_a_quiet_one_is_not():
-    quiet = {"load": machine.SHARED_LOAD - 0.01}
-    busy = {"load": 1.3}
+    quiet = {"busy": machine.SHARED_BUSY - 0.01, "load": 3.0}  # a high load average alone: a benchmark just ended
+    busy = {"busy": 1.3, "load": 0.0}
     assert machine.shared_warning(quiet) is None
     warning = machine.shared_warning(busy)
-    assert warning.startswith("warning:") and "1.30" in warning and "--compare" in warning
+    assert warning.startswith("warning:") and "1.30 cores" in warning and "--compare" in warning
+
+
+def write_stat(path, user, idle, iowait, cpus=2):
+    # /proc/stat's layout: the aggregate line (user nice system idle iowait irq softirq steal ...), then one per CPU.
+    lines = [f"cpu  {user} 0 0 {idle} {iowait} 0 0 0 0 0"]
+    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cpus)]
+    path.write_text("\n".join(lines + ["intr 0", "ctxt 0"]) + "\n")
+
+
+def test_busy_cores_are_the_non_idle_share_of_the_jiffies_times_the_cpus(tmp_path):
+    stat = tmp_path / "stat"
+    write_stat(stat, user=100, idle=900, iowait=0)
+    before = machine.cpu_times(str(stat))
+    assert before == (900, 1000, 2)
+    write_stat(stat, user=100 + 150, idle=900 + 40, iowait=10)  # 200 jiffies: 150 busy, 50 idle or waiting on I/O
+    assert machine.busy_between(before, machine.cpu_times(str(stat))) == pytest.approx(150 / 200 * 2)
+    assert machine.busy_between(before, before) == 0.0  # no time passed: nothing measured
+    assert machine.cpu_times(str(tmp_path / "missing")) is None
+    assert machine.busy_cores(0.0, str(tmp_path / "missing")) == 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="busy cores are read from Linux's /proc/stat")
+def test_a_process_spinning_beside_the_benchmark_is_counted_as_a_busy_core():
+    spinner = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+    spin = subprocess.Popen([sys.executable, "-c", spinner])
+    try:
+        time.sleep(0.3)  # the interpreter started and spinning
+        busy = machine.busy_cores(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy >= 0.8  # one whole core, less what the scheduler gives others
+    assert machine.shared_warning({"busy": busy}) is not None
 
 
 def test_the_bench_prints_the_case_first_and_stores_it_with_each_result(capsys):
@@ -106,5 +141,5 @@ def test_the_bench_prints_the_case_first_and_stores_it_with_each_result(capsys):
     assert len(printed) == len(results) == 1
     case = printed[0]["machine"]
     assert case["threads"] == 1  # as the run's system.threads left them, not the process's default
-    assert set(case) == {"cpu", "units", "kernels", "bf16_products", "threads", "cores", "load"}
+    assert set(case) == {"cpu", "units", "kernels", "bf16_products", "threads", "cores", "load", "busy"}
     assert set(case["units"]) <= set(machine.UNITS)

@@ -12,16 +12,21 @@ JSON result under ``"machine"``):
   ``ONEDNN_MAX_CPU_ISA`` not limiting oneDNN below it). AVX512-BF16 alone does not count: on an AMD EPYC (Zen 4)
   with it and no AMX, torch 2.13 computes the flag's float32 products exactly, unrounded (tests/test_system.py);
 - ``threads`` (torch's intra-op threads), ``cores`` (the cores this process may run on);
-- ``load``: the 1-minute load average when the benchmark started.
+- ``load``: the 1-minute load average when the benchmark started (for the record: it still counts a benchmark that
+  ended a minute ago);
+- ``busy``: how many cores other processes kept busy over the ``BUSY_WINDOW`` seconds before the benchmark started
+  (``/proc/stat``'s non-idle time of all CPUs; this process sleeps meanwhile; 0.0 where there is no ``/proc/stat``).
 
-A load average of ``SHARED_LOAD`` or more before the benchmark starts means another process kept at least about
-half a core busy over the last minute: the numbers are then lower and noisier than on a quiet machine, and ratios of
-two configurations measured side by side are the only ones to trust.
+``busy`` of ``SHARED_BUSY`` or more means another process is at work now, taking at least about half a core: the
+numbers are then lower and noisier than on a quiet machine, and ratios of two configurations measured side by side
+are the only ones to trust. It is measured, not averaged over the last minute, so a benchmark run right after another
+is not warned about the first one's load.
 """
 
 import os
 import platform
 import sys
+import time
 
 import torch
 
@@ -40,7 +45,8 @@ NO_BF16_ISAS = (
     "avx512_core_fp16",
     "avx10_1_512",  # oneDNN's later name of avx512_core_fp16
 )
-SHARED_LOAD = 0.5
+SHARED_BUSY = 0.5  # cores
+BUSY_WINDOW = 0.5  # seconds
 
 
 def cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
@@ -76,7 +82,40 @@ def describe(path: str = "/proc/cpuinfo") -> dict:
         "threads": torch.get_num_threads(),
         "cores": cores,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
+        "busy": busy_cores(),
     }
+
+
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int, int] | None:
+    """(idle, total) jiffies of all CPUs together and the number of CPUs, from ``path`` (Linux's ``/proc/stat``:
+    its ``cpu`` line, whose 4th and 5th counters are idle and iowait); None where it cannot be read."""
+    try:
+        with open(path) as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    if not lines or not lines[0].startswith("cpu "):
+        return None
+    counters = [int(x) for x in lines[0].split()[1:]]
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
+    return counters[3] + counters[4], sum(counters[:8]), max(cpus, 1)
+
+
+def busy_between(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float:
+    """Cores busy between two ``cpu_times`` readings: the non-idle share of the elapsed jiffies times the CPUs."""
+    if before is None or after is None or after[1] <= before[1]:
+        return 0.0
+    idle, total = after[0] - before[0], after[1] - before[1]
+    return (total - idle) / total * after[2]
+
+
+def busy_cores(window: float = BUSY_WINDOW, path: str = "/proc/stat") -> float:
+    """Cores other processes keep busy now: ``busy_between`` over ``window`` seconds of this process sleeping."""
+    before = cpu_times(path)
+    if before is None:
+        return 0.0
+    time.sleep(window)
+    return busy_between(before, cpu_times(path))
 
 
 def summary(machine: dict) -> str:
@@ -86,7 +125,7 @@ def summary(machine: dict) -> str:
     return (
         f"machine: {machine['cpu']}; units: {units}; torch kernels: {machine['kernels']}; "
         f"system.bf16_matmuls: {bf16}; {machine['threads']} threads of {machine['cores']} cores; "
-        f"load {machine['load']:.2f}"
+        f"load {machine['load']:.2f}; {machine['busy']:.2f} cores busy"
     )
 
 
@@ -101,11 +140,11 @@ def announce() -> dict:
 
 
 def shared_warning(machine: dict) -> str | None:
-    """A warning when the load average says something else is busy, else None."""
-    if machine["load"] < SHARED_LOAD:
+    """A warning when other processes kept ``SHARED_BUSY`` cores or more busy as the benchmark started, else None."""
+    if machine["busy"] < SHARED_BUSY:
         return None
     return (
-        f"warning: the load average was {machine['load']:.2f} before the benchmark started: another process is "
+        f"warning: other processes kept {machine['busy']:.2f} cores busy as the benchmark started: another process is "
         "busy on this machine, so the numbers are lower and noisier than on a quiet one; compare only configurations "
         "measured side by side (--compare)"
     )

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             parser.error("--compare takes KEY=A,B with exactly two values")
     else:
         variants = [args.overrides]
-    described = machine.announce()  # before the first epoch, so the load average is the machine's, not ours
+    described = machine.announce()  # before the first epoch, so the busy cores are others', not ours
     setups = [Setup(v) for v in variants]
     for setup in setups:
         setup.epoch()  # warm-up: first-touch allocations, thread pools, lazy init
