@@ -96,21 +96,24 @@ def test_a_busy_machine_is_warned_about_and_a_quiet_one_is_not():
     assert warning.startswith("warning:") and "1.30 cores" in warning and "--compare" in warning
 
 
-def write_stat(path, user, idle, iowait, cpus=2):
-    # /proc/stat's layout: the aggregate line (user nice system idle iowait irq softirq steal ...), then one per CPU.
-    lines = [f"cpu  {user} 0 0 {idle} {iowait} 0 0 0 0 0"]
-    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cpus)]
+def write_stat(path, per_cpu):
+    # /proc/stat's layout: the aggregate line, then one per CPU (user nice system idle iowait irq softirq steal ...).
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {user} 0 0 {idle} {iowait} 0 0 0 0 0" for i, (user, idle, iowait) in enumerate(per_cpu)]
     path.write_text("\n".join(lines + ["intr 0", "ctxt 0"]) + "\n")
 
 
 def test_busy_cores_are_the_non_idle_share_of_the_jiffies_times_the_cpus(tmp_path):
     stat = tmp_path / "stat"
-    write_stat(stat, user=100, idle=900, iowait=0)
-    before = machine.cpu_times(str(stat))
+    write_stat(stat, [(100, 400, 0), (0, 500, 0), (0, 500, 0)])
+    before = machine.cpu_times(str(stat), {0, 1})
     assert before == (900, 1000, 2)
-    write_stat(stat, user=100 + 150, idle=900 + 40, iowait=10)  # 200 jiffies: 150 busy, 50 idle or waiting on I/O
-    assert machine.busy_between(before, machine.cpu_times(str(stat))) == pytest.approx(150 / 200 * 2)
-    assert machine.busy_between(before, before) == 0.0  # no time passed: nothing measured
+    # 100 jiffies per CPU: CPU 0 busy 75 (and idle 15, waiting on I/O 10), CPU 1 idle; CPU 2, not ours, busy.
+    write_stat(stat, [(175, 415, 10), (0, 600, 0), (100, 500, 0)])
+    after = machine.cpu_times(str(stat), {0, 1})
+    assert machine.busy_between(before, after) == pytest.approx(75 / 200 * 2)
+    everyone = machine.busy_between(machine.cpu_times(str(stat)), machine.cpu_times(str(stat)))
+    assert everyone == 0.0  # no time passed: nothing measured
     assert machine.cpu_times(str(tmp_path / "missing")) is None
     assert machine.busy_cores(0.0, str(tmp_path / "missing")) == 0.0
 

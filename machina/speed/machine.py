@@ -14,8 +14,9 @@ JSON result under ``"machine"``):
 - ``threads`` (torch's intra-op threads), ``cores`` (the cores this process may run on);
 - ``load``: the 1-minute load average when the benchmark started (for the record: it still counts a benchmark that
   ended a minute ago);
-- ``busy``: how many cores other processes kept busy over the ``BUSY_WINDOW`` seconds before the benchmark started
-  (``/proc/stat``'s non-idle time of all CPUs; this process sleeps meanwhile; 0.0 where there is no ``/proc/stat``).
+- ``busy``: how many of the cores this process may run on other processes kept busy over the ``BUSY_WINDOW`` seconds
+  before the benchmark started (``/proc/stat``'s non-idle time of those CPUs; this process sleeps meanwhile; 0.0
+  where there is no ``/proc/stat``).
 
 ``busy`` of ``SHARED_BUSY`` or more means another process is at work now, taking at least about half a core: the
 numbers are then lower and noisier than on a quiet machine, and ratios of two configurations measured side by side
@@ -86,19 +87,23 @@ def describe(path: str = "/proc/cpuinfo") -> dict:
     }
 
 
-def cpu_times(path: str = "/proc/stat") -> tuple[int, int, int] | None:
-    """(idle, total) jiffies of all CPUs together and the number of CPUs, from ``path`` (Linux's ``/proc/stat``:
-    its ``cpu`` line, whose 4th and 5th counters are idle and iowait); None where it cannot be read."""
+def cpu_times(path: str = "/proc/stat", cpus: set[int] | None = None) -> tuple[int, int, int] | None:
+    """(idle, total) jiffies summed over the CPUs ``cpus`` (all when None) and how many were read, from ``path``
+    (Linux's ``/proc/stat``: one ``cpuN`` line per CPU, whose 4th and 5th counters are idle and iowait); None where it
+    cannot be read. On a host shared with other containers only this process's CPUs say what slows it."""
     try:
         with open(path) as f:
             lines = f.read(1 << 20).splitlines()
     except OSError:
         return None
-    if not lines or not lines[0].startswith("cpu "):
-        return None
-    counters = [int(x) for x in lines[0].split()[1:]]
-    cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
-    return counters[3] + counters[4], sum(counters[:8]), max(cpus, 1)
+    idle = total = read = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()) or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        counters = [int(x) for x in fields[:8]]
+        idle, total, read = idle + counters[3] + counters[4], total + sum(counters), read + 1
+    return (idle, total, read) if read else None
 
 
 def busy_between(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float:
@@ -110,12 +115,14 @@ def busy_between(before: tuple[int, int, int] | None, after: tuple[int, int, int
 
 
 def busy_cores(window: float = BUSY_WINDOW, path: str = "/proc/stat") -> float:
-    """Cores other processes keep busy now: ``busy_between`` over ``window`` seconds of this process sleeping."""
-    before = cpu_times(path)
+    """Cores other processes keep busy now, among those this process may run on: ``busy_between`` over ``window``
+    seconds of this process sleeping."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    before = cpu_times(path, cpus)
     if before is None:
         return 0.0
     time.sleep(window)
-    return busy_between(before, cpu_times(path))
+    return busy_between(before, cpu_times(path, cpus))
 
 
 def summary(machine: dict) -> str:
