@@ -66,7 +66,7 @@ def test_a_thread_count_that_is_neither_a_count_nor_auto_is_refused(threads):
 def bf16_units() -> bool:
     """Whether torch takes bf16 float32 products here: AMX units (an AVX512-BF16 CPU without AMX, an AMD EPYC of
     Zen 4, computes them exactly)."""
-    return torch.backends.mkldnn.is_available() and machine.describe()["bf16_products"]
+    return torch.backends.mkldnn.is_available() and machine.bf16_products(machine.cpuinfo()[1])
 
 
 def test_bf16_matmuls_round_a_float32_products_inputs_to_bfloat16_and_off_restores_full_precision():

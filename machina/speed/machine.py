@@ -69,17 +69,23 @@ def cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
     return model or platform.machine(), flags
 
 
+def bf16_products(flags: set[str]) -> bool:
+    """Whether ``system.bf16_matmuls=true`` can speed up float32 products on a CPU with these ``cpuinfo`` flags:
+    AMX present and ``ONEDNN_MAX_CPU_ISA`` not limiting oneDNN below it (module docstring)."""
+    isa_limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
+    return any(u in flags for u in BF16_UNITS) and isa_limit not in NO_BF16_ISAS
+
+
 def describe(path: str = "/proc/cpuinfo") -> dict:
     """The machine as a benchmark sees it (module docstring); ``path`` is where the CPU describes itself."""
     model, flags = cpuinfo(path)
     units = [u for u in UNITS if u in flags]
-    isa_limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").lower()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return {
         "cpu": model,
         "units": units,
         "kernels": torch.backends.cpu.get_cpu_capability(),
-        "bf16_products": any(u in flags for u in BF16_UNITS) and isa_limit not in NO_BF16_ISAS,
+        "bf16_products": bf16_products(flags),
         "threads": torch.get_num_threads(),
         "cores": cores,
         "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
