@@ -282,3 +282,42 @@ def test_lstm_core_sequence_equals_lstm_cell_stepped_with_resets():
     torch.testing.assert_close(xs.grad, xr.grad)
     for (name, mine), theirs in zip(core.cell.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(mine.grad, theirs.grad, msg=name)
+
+
+@pytest.mark.parametrize("skip", ["highway", "concat"])
+def test_lstm_core_skip_passes_the_input_past_the_state_in_training_and_in_rollout(skip):
+    """SRU's highway (Lei et al. 2018) with the LSTM's output gate o = sigmoid(W_io x + W_ho h + b_o) as its gate:
+    CORE = h' + (1 - o) x; concat: CORE = [h', x]. The rollout's single steps give what the training forward gives."""
+    torch.manual_seed(1)
+    batch, steps, hidden = 5, 7, 4
+    core = LSTMCore(PolicyDims(obs=SPEC, num_actions=3, widths={ENCODED: hidden}), hidden_size=hidden, skip=skip)
+    assert core.out_widths[CORE] == (hidden if skip == "highway" else 2 * hidden)
+    reference = torch.nn.LSTMCell(hidden, hidden)
+    reference.load_state_dict(core.cell.state_dict())
+    x = torch.randn(batch, steps, hidden)
+    starts = (torch.rand(batch, steps) < 0.3).float()
+    h0, c0 = torch.randn(batch, hidden), torch.randn(batch, hidden)
+    with torch.no_grad():
+        step = TensorDict({ENCODED: x.flatten(0, 1), EPISODE_START: starts.flatten()}, batch_size=[batch * steps])
+        core(step, TensorDict({HIDDEN: h0, CELL: c0}, batch_size=[batch]))
+        got = step[CORE].view(batch, steps, -1)
+        h, c = h0, c0
+        rows = slice(3 * hidden, None)  # nn.LSTMCell's gate order: i, f, g, o
+        for t in range(steps):
+            keep = (1 - starts[:, t]).unsqueeze(1)
+            h, c = h * keep, c * keep
+            o = torch.sigmoid(
+                x[:, t] @ reference.weight_ih[rows].T
+                + h @ reference.weight_hh[rows].T
+                + reference.bias_ih[rows]
+                + reference.bias_hh[rows]
+            )
+            h, c = reference(x[:, t], (h, c))
+            want = h + (1 - o) * x[:, t] if skip == "highway" else torch.cat([h, x[:, t]], -1)
+            torch.testing.assert_close(got[:, t], want)
+        state = TensorDict({HIDDEN: h0, CELL: c0}, batch_size=[batch])
+        for t in range(steps):  # the rollout: one step at a time, the state carried
+            one = TensorDict({ENCODED: x[:, t], EPISODE_START: starts[:, t]}, batch_size=[batch])
+            core(one, state)
+            torch.testing.assert_close(one[CORE], got[:, t])
+            state = TensorDict({HIDDEN: state[NEXT_HIDDEN], CELL: state[NEXT_CELL]}, batch_size=[batch])

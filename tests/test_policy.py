@@ -187,6 +187,30 @@ def test_a_policy_file_written_before_axis_or_direction_embeddings_loads_and_act
         torch.testing.assert_close(got[VALUES], want[VALUES])
 
 
+def test_a_policy_file_written_before_the_core_skip_loads_without_it_and_acts_as_saved(tmp_path):
+    """policy=fast's files from before ``core.skip`` hold no such key: they rebuild without the highway (``none``) and
+    give the saved policy's outputs, while today's files rebuild with it; the two policies act differently, so a file
+    loaded with the wrong one would show."""
+    obs, dones = random_obs(6, 3), torch.zeros(6, 3)
+    logits = {}
+    for overrides, skip in ((["~policy.core.skip"], "none"), ([], "highway")):
+        cfg = compose_config(overrides)
+        torch.manual_seed(0)
+        policy = hydra.utils.instantiate(cfg.policy, obs_spec=SPEC, num_actions=NUM_ACTIONS).eval()
+        with torch.no_grad():
+            for parameter in policy.parameters():
+                parameter.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(parameter.numel()))
+        torch.save(policy_payload(policy, OmegaConf.to_container(cfg.policy, resolve=True), SPEC), tmp_path / "p.pt")
+        loaded, _ = load_policy(tmp_path / "p.pt")
+        assert loaded.core.skip == skip
+        with torch.no_grad():
+            want, got = policy(sequence_td(policy, obs, dones)), loaded.eval()(sequence_td(loaded, obs, dones))
+        torch.testing.assert_close(got[LOGITS], want[LOGITS])
+        torch.testing.assert_close(got[VALUES], want[VALUES])
+        logits[skip] = got[LOGITS]
+    assert not torch.allclose(logits["none"], logits["highway"])
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_state_and_experience_spec(name):
     policy = make_policy(name)

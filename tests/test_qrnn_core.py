@@ -1,10 +1,12 @@
 """The quasi-recurrent core against the QRNN paper's fo-pooling (Bradbury et al., 2017), written out one step and one
 unit at a time: values, gradients, episode resets, and a rollout of single steps against the training forward."""
 
+import pytest
 import torch
 from tensordict import TensorDict
 
 from machina.env.spec import ObsSpec
+from machina.errors import ConfigError
 from machina.keys import CORE, ENCODED, EPISODE_START, NEXT_QRNN_CELL, QRNN_CELL
 from machina.policy.component import PolicyDims
 from machina.policy.qrnn_core import QRNNCore
@@ -118,3 +120,64 @@ def test_without_a_start_the_last_step_remembers_the_first():
     out, _ = run(core, x, torch.zeros(1, STEPS), torch.zeros(1, HIDDEN))
     out[0, -1].sum().backward()
     assert x.grad[0, 0].abs().max() > 0
+
+
+def random_inputs(seed: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B, T, width], episode starts [B, T] (a quarter of the steps), a start state [B, H]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(BATCH, STEPS, width, generator=g)
+    starts = (torch.rand(BATCH, STEPS, generator=g) < 0.25).float()
+    return x, starts, torch.randn(BATCH, HIDDEN, generator=g)
+
+
+def skip_core(skip: str, width: int) -> QRNNCore:
+    torch.manual_seed(4)
+    core = QRNNCore(PolicyDims(obs=SPEC, num_actions=3, widths={ENCODED: width}), hidden_size=HIDDEN, skip=skip)
+    with torch.no_grad():
+        core.gates.bias.normal_()
+    return core
+
+
+def test_the_highway_adds_the_input_where_the_output_gate_is_closed():
+    """SRU's highway (Lei et al. 2018) with the output gate o as its gate: CORE = o c + (1 - o) x."""
+    core = skip_core("highway", HIDDEN)
+    x, starts, c0 = random_inputs(5, HIDDEN)
+    got, got_c = run(core, x, starts, c0)
+    weight, bias = core.gates.weight.detach(), core.gates.bias.detach()
+    h, want_c = by_definition(weight, bias, x, starts, c0)
+    o = torch.sigmoid(x @ weight[HIDDEN : 2 * HIDDEN].T + bias[HIDDEN : 2 * HIDDEN])
+    torch.testing.assert_close(got, h + (1 - o) * x)
+    torch.testing.assert_close(got_c, want_c)
+
+
+def test_concat_passes_the_input_beside_the_state_and_widens_the_output():
+    core = skip_core("concat", WIDTH)
+    assert core.out_widths[CORE] == HIDDEN + WIDTH
+    x, starts, c0 = random_inputs(6, WIDTH)
+    got, _ = run(core, x, starts, c0)
+    h, _ = by_definition(core.gates.weight.detach(), core.gates.bias.detach(), x, starts, c0)
+    torch.testing.assert_close(got, torch.cat([h, x], -1))
+    with torch.no_grad():  # the rollout's single steps give the same
+        c = c0
+        for t in range(STEPS):
+            out, c = run(core, x[:, t : t + 1], starts[:, t : t + 1], c)
+            torch.testing.assert_close(out[:, 0], got[:, t])
+
+
+def test_the_highway_projects_an_input_of_another_width_as_the_sru_does():
+    """D != H: CORE = h + (1 - o) (x P^T), P a learned [H, D] matrix without bias; D == H adds no parameter."""
+    core = skip_core("highway", WIDTH)
+    assert core.highway.weight.shape == (HIDDEN, WIDTH) and core.highway.bias is None
+    assert skip_core("highway", HIDDEN).highway is None and skip_core("none", WIDTH).highway is None
+    x, starts, c0 = random_inputs(7, WIDTH)
+    with torch.no_grad():
+        got, _ = run(core, x, starts, c0)
+        weight, bias = core.gates.weight, core.gates.bias
+        h, _ = by_definition(weight, bias, x, starts, c0)
+        o = torch.sigmoid(x @ weight[HIDDEN : 2 * HIDDEN].T + bias[HIDDEN : 2 * HIDDEN])
+        torch.testing.assert_close(got, h + (1 - o) * (x @ core.highway.weight.T))
+
+
+def test_a_skip_that_does_not_exist_is_refused():
+    with pytest.raises(ConfigError, match="skip='sideways' must be one of none, highway, concat"):
+        skip_core("sideways", HIDDEN)

@@ -7,10 +7,12 @@ from torch import nn
 
 from machina.keys import CELL, CORE, ENCODED, EPISODE_START, HIDDEN, NEXT_CELL, NEXT_HIDDEN
 from machina.policy.component import Component, PolicyDims
+from machina.policy.core_skip import highway_projection, skip_width, with_skip
 
 
 class LSTMCore(Component):
-    """``ENCODED`` [B*T, D] -> ``CORE`` [B*T, H], carrying (``HIDDEN``, ``CELL``) [B, H] through the sequence.
+    """``ENCODED`` [B*T, D] -> ``CORE`` [B*T, H] (H + D with ``skip=concat``), carrying (``HIDDEN``, ``CELL``) [B, H]
+    through the sequence.
 
     Reads ``EPISODE_START`` [B*T] from the flat step TensorDict: where it is 1 the state is zeroed before that step.
     Reads the start state from and writes ``NEXT_HIDDEN`` / ``NEXT_CELL`` [B, H] (the state after the last step) to
@@ -23,21 +25,25 @@ class LSTMCore(Component):
     ones.
 
     Args:
-        hidden_size: H, the width of the state and of ``CORE``.
+        hidden_size: H, the width of the state.
+        skip: none | highway | concat: the step's input passed to the heads past the state (``core_skip.py``);
+            ``highway``'s gate is the LSTM's output gate.
     """
 
     in_keys = (ENCODED, EPISODE_START, HIDDEN, CELL)
     out_keys = (CORE, NEXT_HIDDEN, NEXT_CELL)
 
-    def __init__(self, dims: PolicyDims, hidden_size: int = 128) -> None:
+    def __init__(self, dims: PolicyDims, hidden_size: int = 128, skip: str = "none") -> None:
         super().__init__()
+        self.skip = skip
         self.cell = nn.LSTMCell(dims.widths[ENCODED], hidden_size)
         for name, param in self.cell.named_parameters():
             if "weight" in name:
                 nn.init.orthogonal_(param, 1.0)
             else:
                 nn.init.zeros_(param)
-        self.out_widths = {CORE: hidden_size}
+        self.out_widths = {CORE: skip_width(skip, dims.widths[ENCODED], hidden_size)}
+        self.highway = highway_projection(skip, dims.widths[ENCODED], hidden_size)
         self.input_spec = {EPISODE_START: ((), torch.float32)}
         self.state_widths = {HIDDEN: hidden_size, CELL: hidden_size}
 
@@ -51,25 +57,38 @@ class LSTMCore(Component):
             # cell's function, not the module, which checks its arguments' shapes on every call.
             start = start.view(-1, 1)
             h, c = torch.addcmul(h, h, start, value=-1), torch.addcmul(c, c, start, value=-1)
-            h, c = torch.lstm_cell(step[ENCODED], (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
-            step[CORE] = h
+            x = step[ENCODED]
+            gate = None
+            if self.skip == "highway":  # torch.lstm_cell does not return its output gate: the last H rows, again
+                rows = slice(3 * h.shape[1], None)
+                gate = torch.sigmoid(
+                    F.linear(x, cell.weight_ih[rows], cell.bias_ih[rows] + cell.bias_hh[rows])
+                    + F.linear(h, cell.weight_hh[rows])
+                )
+            h, c = torch.lstm_cell(x, (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+            step[CORE] = with_skip(self.skip, h, x if self.highway is None else self.highway(x), gate)
         else:
             keep = (1.0 - start).view(batch, steps, 1)
             projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
             # unbind, not projected[:, t]: the backward of T selects would fill a zero [B, T, 4H] gradient per step.
-            outputs = []
+            outputs, gates = [], []
             for x, keep_t in zip(projected.unbind(1), keep.unbind(1), strict=True):
-                h, c = lstm_step(x, h * keep_t, c * keep_t, cell.weight_hh)
+                h, c, gate = lstm_step(x, h * keep_t, c * keep_t, cell.weight_hh)
                 outputs.append(h)
-            step[CORE] = torch.stack(outputs, 1).flatten(0, 1)
+                gates.append(gate)
+            gate = torch.stack(gates, 1).flatten(0, 1) if self.skip == "highway" else None
+            x = step[ENCODED] if self.highway is None else self.highway(step[ENCODED])
+            step[CORE] = with_skip(self.skip, torch.stack(outputs, 1).flatten(0, 1), x, gate)
         seq[NEXT_HIDDEN] = h
         seq[NEXT_CELL] = c
 
 
 def lstm_step(
     projected: torch.Tensor, h: torch.Tensor, c: torch.Tensor, weight_hh: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One LSTM step given the input's projection ``x W_ih^T + b_ih + b_hh`` [B, 4H]: (h', c') [B, H] each."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One LSTM step given the input's projection ``x W_ih^T + b_ih + b_hh`` [B, 4H]: (h', c', o) [B, H] each, o the
+    output gate after its sigmoid."""
     i, f, g, o = (projected + F.linear(h, weight_hh)).chunk(4, 1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
+    o = torch.sigmoid(o)
+    return o * torch.tanh(c), c, o

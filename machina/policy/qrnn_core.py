@@ -7,10 +7,12 @@ from torch import nn
 
 from machina.keys import CORE, ENCODED, EPISODE_START, NEXT_QRNN_CELL, QRNN_CELL
 from machina.policy.component import Component, PolicyDims
+from machina.policy.core_skip import highway_projection, skip_width, with_skip
 
 
 class QRNNCore(Component):
-    """``ENCODED`` [B*T, D] -> ``CORE`` [B*T, H], carrying ``QRNN_CELL`` [B, H] through the sequence.
+    """``ENCODED`` [B*T, D] -> ``CORE`` [B*T, H] (H + D with ``skip=concat``), carrying ``QRNN_CELL`` [B, H] through
+    the sequence.
 
     A QRNN layer with filter width 1 and fo-pooling (Bradbury et al., 2017, "Quasi-Recurrent Neural Networks"):
 
@@ -28,19 +30,23 @@ class QRNNCore(Component):
     per-sequence TensorDict.
 
     Args:
-        hidden_size: H, the width of the state and of ``CORE``.
+        hidden_size: H, the width of the state.
+        skip: none | highway | concat: the step's input passed to the heads past the state (``core_skip.py``);
+            ``highway`` is ``CORE = h + (1 - o) * x`` with the output gate ``o`` above.
     """
 
     in_keys = (ENCODED, EPISODE_START, QRNN_CELL)
     out_keys = (CORE, NEXT_QRNN_CELL)
 
-    def __init__(self, dims: PolicyDims, hidden_size: int = 128) -> None:
+    def __init__(self, dims: PolicyDims, hidden_size: int = 128, skip: str = "none") -> None:
         super().__init__()
+        self.skip = skip
         # Rows [0, H) forget, [H, 2H) output, [2H, 3H) candidate.
         self.gates = nn.Linear(dims.widths[ENCODED], 3 * hidden_size)
         nn.init.orthogonal_(self.gates.weight, 1.0)
         nn.init.zeros_(self.gates.bias)
-        self.out_widths = {CORE: hidden_size}
+        self.out_widths = {CORE: skip_width(skip, dims.widths[ENCODED], hidden_size)}
+        self.highway = highway_projection(skip, dims.widths[ENCODED], hidden_size)
         self.input_spec = {EPISODE_START: ((), torch.float32)}
         self.state_widths = {QRNN_CELL: hidden_size}
 
@@ -61,7 +67,7 @@ class QRNNCore(Component):
         kept = torch.addcmul(forget, forget, step[EPISODE_START].view(-1, 1), value=-1.0)
         if steps == 1:
             c = torch.addcmul(written, kept, c)
-            step[CORE] = output * c
+            cells = c
         else:
             # Time-major, so that each step's slices are contiguous [B, H] rows.
             written = written.view(batch, steps, width).transpose(0, 1).contiguous()
@@ -70,5 +76,6 @@ class QRNNCore(Component):
             for written_t, kept_t in zip(written.unbind(0), kept.unbind(0), strict=True):
                 c = torch.addcmul(written_t, kept_t, c)
                 cells.append(c)
-            step[CORE] = output * torch.stack(cells, 1).flatten(0, 1)
+            cells = torch.stack(cells, 1).flatten(0, 1)
+        step[CORE] = with_skip(self.skip, output * cells, x if self.highway is None else self.highway(x), output)
         seq[NEXT_QRNN_CELL] = c
