@@ -116,6 +116,8 @@ def test_busy_cores_are_the_non_idle_share_of_the_jiffies_times_the_cpus(tmp_pat
     assert everyone == 0.0  # no time passed: nothing measured
     assert machine.cpu_times(str(tmp_path / "missing")) is None
     assert machine.busy_cores(0.0, str(tmp_path / "missing")) == 0.0
+    stat.write_text("cpu  1 2 3 4 5 6 7 8\n\ncpu0 1 2 3 4 5 6 7 8\nintr 5\n")  # a blank line is skipped
+    assert machine.cpu_times(str(stat)) == (9, 36, 1)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="busy cores are read from Linux's /proc/stat")

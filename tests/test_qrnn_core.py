@@ -167,15 +167,15 @@ def test_concat_passes_the_input_beside_the_state_and_widens_the_output():
 def test_the_highway_projects_an_input_of_another_width_as_the_sru_does():
     """D != H: CORE = h + (1 - o) (x P^T), P a learned [H, D] matrix without bias; D == H adds no parameter."""
     core = skip_core("highway", WIDTH)
-    assert core.highway.weight.shape == (HIDDEN, WIDTH) and core.highway.bias is None
-    assert skip_core("highway", HIDDEN).highway is None and skip_core("none", WIDTH).highway is None
+    assert core.skip.projection.weight.shape == (HIDDEN, WIDTH) and core.skip.projection.bias is None
+    assert skip_core("highway", HIDDEN).skip.projection is None and skip_core("none", WIDTH).skip.projection is None
     x, starts, c0 = random_inputs(7, WIDTH)
     with torch.no_grad():
         got, _ = run(core, x, starts, c0)
         weight, bias = core.gates.weight, core.gates.bias
         h, _ = by_definition(weight, bias, x, starts, c0)
         o = torch.sigmoid(x @ weight[HIDDEN : 2 * HIDDEN].T + bias[HIDDEN : 2 * HIDDEN])
-        torch.testing.assert_close(got, h + (1 - o) * (x @ core.highway.weight.T))
+        torch.testing.assert_close(got, h + (1 - o) * (x @ core.skip.projection.weight.T))
 
 
 def test_a_skip_that_does_not_exist_is_refused():

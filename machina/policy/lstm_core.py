@@ -7,7 +7,7 @@ from torch import nn
 
 from machina.keys import CELL, CORE, ENCODED, EPISODE_START, HIDDEN, NEXT_CELL, NEXT_HIDDEN
 from machina.policy.component import Component, PolicyDims
-from machina.policy.core_skip import highway_projection, skip_width, with_skip
+from machina.policy.core_skip import CoreSkip
 
 
 class LSTMCore(Component):
@@ -35,15 +35,14 @@ class LSTMCore(Component):
 
     def __init__(self, dims: PolicyDims, hidden_size: int = 128, skip: str = "none") -> None:
         super().__init__()
-        self.skip = skip
         self.cell = nn.LSTMCell(dims.widths[ENCODED], hidden_size)
         for name, param in self.cell.named_parameters():
             if "weight" in name:
                 nn.init.orthogonal_(param, 1.0)
             else:
                 nn.init.zeros_(param)
-        self.out_widths = {CORE: skip_width(skip, dims.widths[ENCODED], hidden_size)}
-        self.highway = highway_projection(skip, dims.widths[ENCODED], hidden_size)
+        self.skip = CoreSkip(skip, dims.widths[ENCODED], hidden_size)
+        self.out_widths = {CORE: self.skip.width}
         self.input_spec = {EPISODE_START: ((), torch.float32)}
         self.state_widths = {HIDDEN: hidden_size, CELL: hidden_size}
 
@@ -57,16 +56,13 @@ class LSTMCore(Component):
             # cell's function, not the module, which checks its arguments' shapes on every call.
             start = start.view(-1, 1)
             h, c = torch.addcmul(h, h, start, value=-1), torch.addcmul(c, c, start, value=-1)
-            x = step[ENCODED]
-            gate = None
-            if self.skip == "highway":  # torch.lstm_cell does not return its output gate: the last H rows, again
-                rows = slice(3 * h.shape[1], None)
-                gate = torch.sigmoid(
-                    F.linear(x, cell.weight_ih[rows], cell.bias_ih[rows] + cell.bias_hh[rows])
-                    + F.linear(h, cell.weight_hh[rows])
-                )
-            h, c = torch.lstm_cell(x, (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
-            step[CORE] = with_skip(self.skip, h, x if self.highway is None else self.highway(x), gate)
+            x, gate = step[ENCODED], None
+            if self.skip.gated:  # the step written out, since torch.lstm_cell does not return its output gate
+                projected = F.linear(x, cell.weight_ih, cell.bias_ih + cell.bias_hh)
+                h, c, gate = lstm_step(projected, h, c, cell.weight_hh)
+            else:
+                h, c = torch.lstm_cell(x, (h, c), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+            step[CORE] = self.skip(h, x, gate)
         else:
             keep = (1.0 - start).view(batch, steps, 1)
             projected = F.linear(step[ENCODED], cell.weight_ih, cell.bias_ih + cell.bias_hh).view(batch, steps, -1)
@@ -76,9 +72,8 @@ class LSTMCore(Component):
                 h, c, gate = lstm_step(x, h * keep_t, c * keep_t, cell.weight_hh)
                 outputs.append(h)
                 gates.append(gate)
-            gate = torch.stack(gates, 1).flatten(0, 1) if self.skip == "highway" else None
-            x = step[ENCODED] if self.highway is None else self.highway(step[ENCODED])
-            step[CORE] = with_skip(self.skip, torch.stack(outputs, 1).flatten(0, 1), x, gate)
+            gate = torch.stack(gates, 1).flatten(0, 1) if self.skip.gated else None
+            step[CORE] = self.skip(torch.stack(outputs, 1).flatten(0, 1), step[ENCODED], gate)
         seq[NEXT_HIDDEN] = h
         seq[NEXT_CELL] = c
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from machina.keys import CORE, ENCODED, EPISODE_START, NEXT_QRNN_CELL, QRNN_CELL
 from machina.policy.component import Component, PolicyDims
-from machina.policy.core_skip import highway_projection, skip_width, with_skip
+from machina.policy.core_skip import CoreSkip
 
 
 class QRNNCore(Component):
@@ -40,13 +40,12 @@ class QRNNCore(Component):
 
     def __init__(self, dims: PolicyDims, hidden_size: int = 128, skip: str = "none") -> None:
         super().__init__()
-        self.skip = skip
         # Rows [0, H) forget, [H, 2H) output, [2H, 3H) candidate.
         self.gates = nn.Linear(dims.widths[ENCODED], 3 * hidden_size)
         nn.init.orthogonal_(self.gates.weight, 1.0)
         nn.init.zeros_(self.gates.bias)
-        self.out_widths = {CORE: skip_width(skip, dims.widths[ENCODED], hidden_size)}
-        self.highway = highway_projection(skip, dims.widths[ENCODED], hidden_size)
+        self.skip = CoreSkip(skip, dims.widths[ENCODED], hidden_size)
+        self.out_widths = {CORE: self.skip.width}
         self.input_spec = {EPISODE_START: ((), torch.float32)}
         self.state_widths = {QRNN_CELL: hidden_size}
 
@@ -77,5 +76,5 @@ class QRNNCore(Component):
                 c = torch.addcmul(written_t, kept_t, c)
                 cells.append(c)
             cells = torch.stack(cells, 1).flatten(0, 1)
-        step[CORE] = with_skip(self.skip, output * cells, x if self.highway is None else self.highway(x), output)
+        step[CORE] = self.skip(output * cells, x, output)
         seq[NEXT_QRNN_CELL] = c

@@ -104,7 +104,7 @@ def cpu_times(path: str = "/proc/stat", cpus: set[int] | None = None) -> tuple[i
         return None
     idle = total = read = 0
     for line in lines:
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if not (name.startswith("cpu") and name[3:].isdigit()) or (cpus is not None and int(name[3:]) not in cpus):
             continue
         counters = [int(x) for x in fields[:8]]
