@@ -117,6 +117,7 @@ def build_parts(cfg: DictConfig, rank: int) -> Parts:
         stopwatch=stopwatch,
         execution=execution,
         between_minibatches=system.follow_load,
+        agents_per_env=env.spec.agents_per_env,
         # The losses as the plain dict passed here: by default Hydra hands a dict argument over as a DictConfig,
         # whose reads in the minibatch loop cost omegaconf lookups and, compiled, put a guard on its lookup cache
         # (the update compiled again at the second minibatch).

@@ -190,6 +190,11 @@ class Experience:
         """The inverse of ``trajectories``: [N, L] back to the buffer's row layout [S, T]."""
         return segment_major(trajectories, self.segments)
 
+    def write_trajectories(self, key: str, trajectories: torch.Tensor) -> None:
+        """Overwrite the stored ``key`` with ``trajectories`` [N, L] in ``trajectories``' layout (each agent's whole
+        rollout in time order), e.g. rewards rewritten before the advantages are computed."""
+        self.buffer[key].copy_(self.to_rows(trajectories))
+
     def prepare_training(self) -> None:
         """Build the epoch's training view, what minibatches are cut from: the buffer, or with ``compact_tokens`` the
         buffer with ``OBS`` uint8 [S, T, M, 3] as a view cut to [S, T, W, 3], W the last token slot that is real in

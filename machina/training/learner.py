@@ -24,10 +24,12 @@ from machina.logging.stopwatch import Stopwatch
 from machina.losses.base import Loss
 from machina.policy.inputs import training_input
 from machina.progress import Progress
+from machina.schedules import Linear
 from machina.training import distributed
 from machina.training.execution import Execution
 from machina.training.experience import Experience
 from machina.training.optimizer_state import check_optimizer_state
+from machina.training.team_spirit import TeamSpirit
 from machina.training.weight_average import WeightAverage
 
 
@@ -50,6 +52,10 @@ class Learner:
         between_minibatches: called before each minibatch (``System.follow_load``: torch's threads for the
             machine's load, so that a process that starts beside the run mid-epoch costs it a second, not the
             rest of the epoch); None calls nothing.
+        team_spirit: tau, the share of each agent's reward replaced by its env's mean reward before the advantages
+            (``machina.training.team_spirit``): a number in [0, 1] or a ``machina.schedules.Linear`` of the agent
+            step; 0: the env's own rewards.
+        agents_per_env: the agents of one env (``EnvSpec.agents_per_env``), the teams ``team_spirit`` mixes over.
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class Learner:
         target_kl: float | None = None,
         average_horizon: int = 0,
         between_minibatches: Callable[[], None] | None = None,
+        team_spirit: float | Linear = 0.0,
+        agents_per_env: int = 1,
     ):
         checks.integer("learner.update_epochs", update_epochs, 1)
         checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
@@ -80,6 +88,7 @@ class Learner:
         self.stopwatch, self.lr_schedule, self.advantage = stopwatch, lr_schedule, advantage
         self.execution = execution or Execution()
         self.between_minibatches = between_minibatches
+        self.team_spirit = TeamSpirit(team_spirit, agents_per_env)
         self.update_epochs, self.max_grad_norm, self.target_kl = update_epochs, max_grad_norm, target_kl
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
@@ -150,7 +159,9 @@ class Learner:
         return dict(zip(terms, torch.stack(list(terms.values())).float().tolist(), strict=True))
 
     def run(self, progress: Progress) -> None:
-        """Train on the full buffer: ``prepare`` then ``update``, then fold the new weights into the average."""
+        """Train on the full buffer: its rewards mixed with ``team_spirit``, ``prepare``, then ``update``, then fold
+        the new weights into the average."""
+        self.once["train/team_spirit"] = self.team_spirit(self.experience, progress.agent_step)
         self.prepare()
         self.update(progress)
         if self.average is not None:
