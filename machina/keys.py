@@ -39,6 +39,8 @@ ENTROPY = "entropy"  # float32 [N]
 FULL_LOG_PROBS = "full_log_probs"  # float32 [N, A]: only when emit_full_log_probs
 LOGITS = "logits"  # float32 [N, A]
 VALUES = "values"  # float32 [N]
+# float32 [N, K]: the critic's values at the horizon-values loss's K other discounts (CriticHead ``horizons``)
+HORIZON_VALUES = "horizon_values"
 ENCODED = "encoded"  # float32 [N, H]: encoder output
 CORE = "core"  # float32 [N, H]: recurrent core output
 HIDDEN = "lstm_h"  # float32 [N, H]: recurrent state (h) at the start of the step / segment

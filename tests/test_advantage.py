@@ -11,7 +11,7 @@ and through the buffer: every step of every segment gets an advantage and every 
 import pytest
 import torch
 
-from machina.training.advantage import compute_advantages
+from machina.losses.functional import compute_advantages
 from machina.training.experience import agent_major, segment_major
 
 GAMMA, LAM = 0.97, 0.9

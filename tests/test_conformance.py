@@ -71,6 +71,8 @@ def test_every_loss_in_conf_conforms(name, request):
     node = compose(overrides).losses[name]
     if "teacher" in node and node.teacher.path is None:  # the loss reads a policy file the user names
         overrides.append(f"losses.{name}.teacher.path={request.getfixturevalue('teacher')}")
+    if "gammas" in node:  # values at other discounts: the critic outputs one per discount
+        overrides.append(f"+policy.critic.horizons={len(node.gammas)}")
     check_loss(name, overrides)
 
 

@@ -59,7 +59,7 @@ class _Policy:
         self.emit = emit
 
     def output_keys(self):
-        return {keys.ACT_LOG_PROB, keys.VALUES} | ({keys.FULL_LOG_PROBS} if self.emit else set())
+        return {keys.ACT_LOG_PROB, keys.ENTROPY, keys.VALUES} | ({keys.FULL_LOG_PROBS} if self.emit else set())
 
 
 def test_forcing_emission_off_with_a_consumer_is_refused_with_the_override_named():
@@ -72,6 +72,18 @@ def test_forcing_emission_off_with_a_consumer_is_refused_with_the_override_named
 def test_consistent_configuration_passes():
     cfg = compose_config([FAKE])
     check_policy_outputs(build_losses(cfg.losses), _Policy(emit(cfg)))
+
+
+def test_a_loss_that_consumes_what_the_policy_does_not_write_is_refused_naming_the_key():
+    cfg = compose_config(["losses=[ppo]"])
+    losses = build_losses(cfg.losses)
+
+    class NoEntropy(_Policy):
+        def output_keys(self):
+            return super().output_keys() - {keys.ENTROPY}
+
+    with pytest.raises(ConfigError, match=r"loss 'ppo' consumes entropy, which the policy does not write \(it writes"):
+        check_policy_outputs(losses, NoEntropy(False))
 
 
 LOSS_OPTIONS = sorted(p.stem for p in (CONF / "losses").glob("*.yaml"))

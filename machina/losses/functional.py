@@ -1,4 +1,5 @@
-"""Loss math shared by the losses."""
+"""Loss math shared by the losses, and ``compute_advantages`` (GAE with V-trace's clipped ratios), which the advantage
+estimators (machina/training/advantage.py, its step convention) and the horizon-values loss's targets share."""
 
 import torch
 from tensordict import TensorDict
@@ -61,3 +62,49 @@ def lead_with_teacher(step: TensorDict, led: torch.Tensor) -> None:
     teacher_log_prob = step[keys.FULL_LOG_PROBS].gather(-1, teacher.unsqueeze(-1)).squeeze(-1)
     step[keys.ACT_LOG_PROB] = torch.where(led, teacher_log_prob, step[keys.ACT_LOG_PROB])
     step[keys.ACTIONS] = torch.where(led, teacher, step[keys.ACTIONS])
+
+
+def compute_advantages(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    final_values: torch.Tensor,
+    last_values: torch.Tensor,
+    ratio: torch.Tensor,
+    gamma: float | torch.Tensor,
+    gae_lambda: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> torch.Tensor:
+    """Return float32 [N, L] advantages A_t = v_t - V(x_t), where v_t is the V-trace target (Espeholt et al. 2018):
+
+        next_t  = 0 if terminated_t, else final_values_t if truncated_t, else V(x_{t+1})   (V(x_L) = last_values)
+        delta_t = rho_t * (r_t + gamma * next_t - V(x_t))
+        A_t     = delta_t + gamma * lambda * c_t * (1 - ended_t) * A_{t+1}
+
+    with rho_t = min(ratio_t, rho_bar) and c_t = min(ratio_t, c_bar). With ratio = 1 this is GAE (Schulman et al.
+    2016) with bootstrapping at the rollout's end.
+
+    Args:
+        values, rewards, final_values, ratio: float32 [N, L], one row per agent in time order; ``ratio`` is
+            pi(a_t|x_t) / mu(a_t|x_t), pi the current policy (the one the advantages will train) and mu the
+            behaviour policy that acted (ones right after a rollout; the learner refreshes them each update pass).
+        terminated, truncated: bool [N, L].
+        last_values: float32 [N]: V of the observation after each agent's last step.
+        gamma: the discount, or float32 [N, 1]: one per row (the horizon-values loss folds its discounts into rows).
+    """
+    ended = terminated | truncated
+    next_values = torch.cat((values[:, 1:], last_values.unsqueeze(1)), 1)
+    # Terminal wins: a step both terminated and truncated bootstraps from 0, not from V(final observation).
+    next_values = torch.where(truncated, final_values, next_values).masked_fill(terminated, 0.0)
+    rho = ratio.clamp(max=rho_bar)
+    deltas = rho * (rewards + gamma * next_values - values)
+    decay = (gamma * gae_lambda) * ratio.clamp(max=c_bar) * (~ended).to(values.dtype)
+    advantages = torch.empty_like(values)
+    running = torch.zeros_like(values[:, 0])
+    # A loop over time only (L steps); every step is vectorised over all agents.
+    for t in range(values.shape[1] - 1, -1, -1):
+        running = deltas[:, t] + decay[:, t] * running
+        advantages[:, t] = running
+    return advantages

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 from tensordict import TensorDict
 
-from machina.keys import CORE, LOGITS, VALUES
+from machina.keys import CORE, HORIZON_VALUES, LOGITS, VALUES
 from machina.policy.component import Component, PolicyDims
 from machina.policy.layers import mlp
 
@@ -42,24 +42,42 @@ class ActorHead(Component):
 
 
 class CriticHead(Component):
-    """``CORE`` [N, H] -> ``VALUES`` [N]; output layer initialised orthogonal with gain ``out_std`` (1.0, as
-    CleanRL's); ``activation`` (relu | tanh) follows each hidden layer.
+    """``CORE`` [N, H] -> ``VALUES`` [N], and with ``horizons`` K > 0 also ``HORIZON_VALUES`` [N, K]: the values at
+    the K other discounts of the horizon-values loss (machina/losses/horizon_values.py), from the same output layer
+    (one more row each). The output layer is initialised orthogonal with gain ``out_std`` (1.0, as CleanRL's);
+    ``activation`` (relu | tanh) follows each hidden layer.
 
     Args:
         hidden: widths of the hidden layers between ``CORE`` and the value; empty: one linear layer.
         out_std: gain of the output layer's orthogonal initialisation.
         activation: relu or tanh, after each hidden layer.
+        horizons: how many values at other discounts to output besides ``VALUES`` (the horizon-values loss's
+            ``gammas``); 0: none.
     """
 
     in_keys = (CORE,)
     out_keys = (VALUES,)
 
     def __init__(
-        self, dims: PolicyDims, hidden: Sequence[int] = (), out_std: float = 1.0, activation: str = "relu"
+        self,
+        dims: PolicyDims,
+        hidden: Sequence[int] = (),
+        out_std: float = 1.0,
+        activation: str = "relu",
+        horizons: int = 0,
     ) -> None:
         super().__init__()
-        self.net = mlp(dims.widths[CORE], hidden, 1, out_std=out_std, act=activation)
+        if isinstance(horizons, bool) or not isinstance(horizons, int) or horizons < 0:
+            raise ValueError(f"policy.critic.horizons must be an integer >= 0, got {horizons!r}")
+        self.horizons = horizons
+        self.net = mlp(dims.widths[CORE], hidden, 1 + horizons, out_std=out_std, act=activation)
         self.out_widths = {VALUES: 1}
+        if horizons:
+            self.out_keys = (VALUES, HORIZON_VALUES)
+            self.out_widths[HORIZON_VALUES] = horizons
 
     def forward(self, step: TensorDict, seq: TensorDict) -> None:
-        step[VALUES] = self.net(step[CORE]).view(-1)
+        out = self.net(step[CORE])
+        step[VALUES] = out[:, 0]
+        if self.horizons:
+            step[HORIZON_VALUES] = out[:, 1:]

@@ -228,16 +228,27 @@ def check_env_outputs(losses: dict[str, Loss], env_spec: EnvSpec, env_target: st
 
 
 def check_policy_outputs(losses: dict[str, Loss], policy) -> None:
-    """Refuse at start-up a policy that does not emit what an enabled loss consumes."""
-    if keys.FULL_LOG_PROBS in policy.output_keys():
-        return
+    """Refuse at start-up a policy that does not write what an enabled loss consumes."""
+    written = set(policy.output_keys())
     for name, loss in losses.items():
-        if keys.FULL_LOG_PROBS in type(loss).consumes:
+        missing = sorted(type(loss).consumes - written)
+        if not missing:
+            continue
+        if keys.FULL_LOG_PROBS in missing:
             raise ConfigError(
                 f"loss '{name}' consumes {keys.FULL_LOG_PROBS}, but policy.action_probs.emit_full_log_probs=false "
                 f"was forced; drop the override policy.action_probs.emit_full_log_probs=false (it is derived from "
                 f"the enabled losses) or disable the loss with losses.{name}.enabled=false"
             )
+        fix = (
+            "add +policy.critic.horizons=<number of the loss's gammas>"
+            if missing[0] == keys.HORIZON_VALUES
+            else "choose a policy that writes it"
+        )
+        raise ConfigError(
+            f"loss '{name}' consumes {missing[0]}, which the policy does not write (it writes {sorted(written)}); "
+            f"{fix}, or disable the loss with losses.{name}.enabled=false"
+        )
 
 
 def merge_specs(specs: dict[str, Spec]) -> Spec:
