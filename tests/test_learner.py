@@ -257,6 +257,39 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
     assert len(forwards) == 2 * exp.num_minibatches + exp.segments // exp.minibatch_segments
 
 
+def test_without_the_refresh_a_pass_uses_the_ratios_its_minibatches_recorded_in_the_pass_before(monkeypatch):
+    """learner.refresh_ratios=false: no forward beyond the minibatches', and pass 2's V-trace ratios are, row by
+    row, exp(log pi - log mu) of the policy that trained that row in pass 1 (before its own step), taken here from
+    each pass-1 minibatch's forward output as it happened."""
+    from machina.training.experience import agent_major
+
+    trainer = make_trainer(
+        ["learner.update_epochs=2", "learner.refresh_ratios=false", "optimizer.lr=0.01", "system.threads=1"]
+    )
+    exp = trainer.learner.experience
+    assert exp.num_minibatches > 1
+    calls = record_advantage_inputs(monkeypatch, trainer)
+    forwards = count_policy_forwards(trainer.learner.policy)
+    seen = torch.full(exp.buffer[keys.ACT_LOG_PROB].shape, float("nan"), dtype=torch.float64)
+    record = exp.record_ratios
+
+    def spy(rows, stored, log_prob):
+        if len(calls) == 1:  # pass 1's minibatches
+            seen[rows] = (log_prob.double() - stored[keys.ACT_LOG_PROB].double()).exp()
+        record(rows, stored, log_prob)
+
+    monkeypatch.setattr(exp, "record_ratios", spy)
+    trainer.rollout.run(trainer.progress)
+    forwards.clear()
+    trainer.learner.run(trainer.progress)
+    assert len(forwards) == 2 * exp.num_minibatches
+    assert len(calls) == 2 and not seen.isnan().any()
+    used = calls[1][0].double()
+    want = agent_major(seen, exp.num_agents)
+    assert (want - 1).abs().max() > 1e-3  # the policy moved within pass 1
+    torch.testing.assert_close(used, want, rtol=0, atol=1e-6)
+
+
 def test_a_single_update_pass_uses_ratio_one_and_no_extra_forward(monkeypatch):
     trainer = make_trainer(["learner.update_epochs=1", "optimizer.lr=0.01"])
     calls = record_advantage_inputs(monkeypatch, trainer)

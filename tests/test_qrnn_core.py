@@ -9,6 +9,7 @@ from machina.env.spec import ObsSpec
 from machina.errors import ConfigError
 from machina.keys import CORE, ENCODED, EPISODE_START, NEXT_QRNN_CELL, QRNN_CELL
 from machina.policy.component import PolicyDims
+from machina.policy.linear_scan import linear_scan
 from machina.policy.qrnn_core import QRNNCore
 
 SPEC = ObsSpec(max_tokens=4, window=3, feature_names=("wall",), feature_norms=(1.0,))
@@ -181,3 +182,21 @@ def test_the_highway_projects_an_input_of_another_width_as_the_sru_does():
 def test_a_skip_that_does_not_exist_is_refused():
     with pytest.raises(ConfigError, match="skip='sideways' must be one of none, highway, concat"):
         skip_core("sideways", HIDDEN)
+
+
+def test_the_scan_and_its_written_out_backward_match_the_recurrence_in_float64():
+    """linear_scan: c_t = w_t + k_t c_{t-1} from c_{-1} = start; torch.autograd.gradcheck compares its hand-written
+    backward with finite differences for every input, the start state and a gradient reaching the last state too."""
+    g = torch.Generator().manual_seed(8)
+    written, kept = (torch.randn(3, 7, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    start = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    cells = linear_scan(written, kept, start)
+    c = start
+    for t in range(7):
+        c = written[:, t] + kept[:, t] * c
+        torch.testing.assert_close(cells[:, t], c)
+    weights = torch.randn(3, 7, 4, generator=g, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda w, k, s: ((linear_scan(w, k, s) * weights).sum(), linear_scan(w, k, s)[:, -1].square().sum()),
+        (written, kept, start),
+    )

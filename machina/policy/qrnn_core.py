@@ -8,6 +8,7 @@ from torch import nn
 from machina.keys import CORE, ENCODED, EPISODE_START, NEXT_QRNN_CELL, QRNN_CELL
 from machina.policy.component import Component, PolicyDims
 from machina.policy.core_skip import CoreSkip
+from machina.policy.linear_scan import linear_scan
 
 
 class QRNNCore(Component):
@@ -68,13 +69,8 @@ class QRNNCore(Component):
             c = torch.addcmul(written, kept, c)
             cells = c
         else:
-            # Time-major, so that each step's slices are contiguous [B, H] rows.
-            written = written.view(batch, steps, width).transpose(0, 1).contiguous()
-            kept = kept.view(batch, steps, width).transpose(0, 1).contiguous()
-            cells = []
-            for written_t, kept_t in zip(written.unbind(0), kept.unbind(0), strict=True):
-                c = torch.addcmul(written_t, kept_t, c)
-                cells.append(c)
-            cells = torch.stack(cells, 1).flatten(0, 1)
+            cells = linear_scan(written.view(batch, steps, width), kept.view(batch, steps, width), c)
+            c = cells[:, -1]
+            cells = cells.flatten(0, 1)
         step[CORE] = self.skip(output * cells, x, output)
         seq[NEXT_QRNN_CELL] = c

@@ -16,6 +16,7 @@ from machina import checks
 from machina.errors import ConfigError
 from machina.precision import set_matmul_precision
 from machina.startup import threads as thread_policy
+from machina.startup.allocator import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,9 @@ class System:
             )
 
     def apply(self) -> torch.device:
-        """Seed every generator and set torch's flags; return the device."""
+        """Seed every generator, set torch's flags and the allocator's (``machina.startup.allocator``); return the
+        device."""
+        log.info("%s", keep_freed_memory())
         random.seed(self.seed)
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)

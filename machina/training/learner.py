@@ -56,6 +56,9 @@ class Learner:
             (``machina.training.team_spirit``): a number in [0, 1] or a ``machina.schedules.Linear`` of the agent
             step; 0: the env's own rewards.
         agents_per_env: the agents of one env (``EnvSpec.agents_per_env``), the teams ``team_spirit`` mixes over.
+        refresh_ratios: before each update pass after the first, one no-grad forward over the buffer refreshes
+            V-trace's ratios to the current policy's (``update``); false: a pass's advantages use the ratios its
+            minibatches recorded in the pass before, stale by up to one pass, and the forward is saved.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class Learner:
         between_minibatches: Callable[[], None] | None = None,
         team_spirit: float | Linear = 0.0,
         agents_per_env: int = 1,
+        refresh_ratios: bool = True,
     ):
         checks.integer("learner.update_epochs", update_epochs, 1)
         checks.number("learner.max_grad_norm", max_grad_norm, 0, math.inf)
@@ -90,6 +94,7 @@ class Learner:
         self.between_minibatches = between_minibatches
         self.team_spirit = TeamSpirit(team_spirit, agents_per_env)
         self.update_epochs, self.max_grad_norm, self.target_kl = update_epochs, max_grad_norm, target_kl
+        self.refresh_ratios = checks.flag("learner.refresh_ratios", refresh_ratios)
         self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         self.sums: dict[str, torch.Tensor] = {}  # summed over minibatches, averaged by pop_metrics
         self.once: dict[str, torch.Tensor | float] = {}  # per epoch: host values (schedules) and buffer statistics
@@ -194,8 +199,9 @@ class Learner:
         - pass k > 1: the policy after every minibatch step of pass k - 1. ``_refresh_ratios`` rewrites ``RATIO``
           from one no-grad forward over the whole buffer, in ``minibatch_segments`` row blocks. This costs
           ``update_epochs - 1`` extra forwards (no backward) of the buffer per epoch, about a third of a pass each.
-          The ratios the minibatches record while they train are not enough: minibatch j's are those of the policy
+          The ratios the minibatches record while they train are not those: minibatch j's are those of the policy
           after j - 1 steps of that pass, stale by up to a whole pass for the rows trained early in it.
+          ``refresh_ratios=false`` uses them all the same and saves the forward.
 
         Each minibatch still records its ratio into ``RATIO`` (the policy before its own step), which is what the
         buffer holds after the last pass (``experience/ratio_mean`` and ``loss_check`` read it).
@@ -211,7 +217,7 @@ class Learner:
         self.once["train/lr"] = self.base_lrs[0] * multiplier
         passes = 0
         for update in range(self.update_epochs):
-            if update > 0:
+            if update > 0 and self.refresh_ratios:
                 with sw.time("train.ratio"):
                     self._refresh_ratios()
             with sw.time("train.advantage"):
