@@ -59,6 +59,7 @@ def graphed(trainer) -> None:
     trainer.learner = Learner(
         learner.policy, learner.losses, learner.experience, learner.optimizer, learner.stopwatch,
         learner.lr_schedule, learner.advantage, Execution(graph=Rerun), update_epochs=2,
+        refresh_ratios=learner.refresh_ratios,
     )  # fmt: skip
 
 

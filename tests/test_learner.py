@@ -234,7 +234,9 @@ def test_each_update_pass_uses_the_vtrace_ratios_of_the_policy_after_the_previou
     from machina.policy.inputs import training_input
     from machina.training.experience import agent_major
 
-    trainer = make_trainer(["learner.update_epochs=2", "optimizer.lr=0.01", "system.threads=1"])
+    trainer = make_trainer(
+        ["learner.update_epochs=2", "learner.refresh_ratios=true", "optimizer.lr=0.01", "system.threads=1"]
+    )
     exp = trainer.learner.experience
     assert exp.num_minibatches > 1  # so ratios recorded during pass 1 come from several policies
     calls = record_advantage_inputs(monkeypatch, trainer)
