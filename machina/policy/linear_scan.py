@@ -31,11 +31,13 @@ class _LinearScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kept, cells, start = ctx.saved_tensors
-        d = grad.contiguous().clone()  # d_t, built in place from the last step back
+        d = grad.clone(memory_format=torch.contiguous_format)  # d_t, built in place from the last step back
         for t in range(d.shape[1] - 2, -1, -1):
             d[:, t].addcmul_(kept[:, t + 1], d[:, t + 1])
-        before = torch.cat([start.unsqueeze(1), cells[:, :-1]], 1)  # c_{t-1} [B, T, H]
-        return d, d * before, kept[:, 0] * d[:, 0]
+        d_kept = torch.empty_like(d)  # d_t * c_{t-1}, written in two parts: no [B, T, H] copy of the c_{t-1}
+        torch.mul(d[:, 1:], cells[:, :-1], out=d_kept[:, 1:])
+        torch.mul(d[:, 0], start, out=d_kept[:, 0])
+        return d, d_kept, kept[:, 0] * d[:, 0]
 
 
 def linear_scan(written: torch.Tensor, kept: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
